@@ -1,0 +1,125 @@
+"""The ``packer`` command: parse options -> config -> library call -> exit code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from packer.config import BuildConfig, parse_size, usable_cores
+from packer.errors import PackerError
+from readers.errors import ReaderError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Pack image folders into LMDB/RecordIO shards for fast PaddlePaddle training.",
+)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"packer: error: {exc}", err=True)
+    return typer.Exit(2)
+
+
+@app.command()
+def build(
+    src: Annotated[Path, typer.Argument(help="Directory tree of images (and label files).")],
+    out: Annotated[Path, typer.Argument(help="Output dataset directory (e.g. out.lmdb).")],
+    format: Annotated[str, typer.Option("--format", "-f", help="lmdb or recordio.")] = "lmdb",
+    labels: Annotated[
+        str,
+        typer.Option(
+            help="auto (class folders when SRC has subfolders, else none), dirname, none, or "
+            "a list file of 'path<TAB>label' / 'path label' lines (paths relative to SRC)."
+        ),
+    ] = "auto",
+    shard_size: Annotated[
+        str, typer.Option(help="Start a new shard past this many image bytes (1GiB, 500MB).")
+    ] = "1GiB",
+    workers: Annotated[
+        int, typer.Option(help="Processes that read and check images (default: all cores).")
+    ] = 0,
+    decode_check: Annotated[
+        bool,
+        typer.Option(
+            "--decode-check/--no-decode-check",
+            help="Decode every image once to prove it whole; without, probe headers only.",
+        ),
+    ] = True,
+    on_error: Annotated[
+        str,
+        typer.Option(help="skip: list bad inputs in errors.jsonl and go on; fail: stop."),
+    ] = "skip",
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+    ] = None,
+) -> None:
+    """Pack SRC into the dataset directory OUT (written atomically)."""
+    from packer.build import build as run_build
+
+    try:
+        cfg = BuildConfig(
+            src=src,
+            out=out,
+            format=format,
+            labels=labels,
+            shard_size=parse_size(shard_size),
+            workers=workers or usable_cores(),
+            decode_check=decode_check,
+            on_error=on_error,
+            overwrite=overwrite,
+            progress=progress,
+        )
+        summary = run_build(cfg)
+    except PackerError as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+@app.command()
+def verify(
+    out: Annotated[Path, typer.Argument(help="A packed dataset, or a bare PaddleOCR LMDB.")],
+    deep: Annotated[
+        bool, typer.Option(help="Also decode every image and check its size.")
+    ] = False,
+) -> None:
+    """Check a dataset: exit 0 when intact, else print each problem and exit 1."""
+    from packer.verify import verify as run_verify
+
+    problems = run_verify(out, deep=deep)
+    for line in problems:
+        typer.echo(line)
+    if problems:
+        typer.echo(f"{out}: {len(problems)} problem{'s' if len(problems) != 1 else ''}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{out}: OK" + (" (deep)" if deep else ""))
+
+
+@app.command()
+def info(
+    out: Annotated[Path, typer.Argument(help="A packed dataset.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Counts, classes, label histogram, image sizes, formats and shards."""
+    from packer.info import describe, format_summary
+
+    try:
+        summary = describe(out)
+    except (PackerError, ReaderError) as exc:
+        raise _fail(exc) from None
+    typer.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="packer")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Build settings as a frozen, validated dataclass, and the parsing of sizes like ``1GiB``."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packer.errors import ConfigError
+from readers.formats.layout import FORMATS
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+ON_ERROR = ("skip", "fail")
+
+
+def parse_size(text: str) -> int:
+    """``1GiB`` -> 1073741824, ``500MB`` -> 500000000, ``4096`` -> 4096.
+
+    Raises:
+        ConfigError: the text is not a size.
+    """
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ConfigError(
+            f"{text!r} is not a size; expected a number with an optional unit such as "
+            "1GiB, 512MiB, 500MB or 4096"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def usable_cores() -> int:
+    """The number of cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything ``packer build`` was asked to do."""
+
+    src: Path
+    out: Path
+    format: str = "lmdb"
+    labels: str = "auto"
+    shard_size: int = 1 << 30
+    workers: int = 1
+    decode_check: bool = True
+    on_error: str = "skip"
+    overwrite: bool = False
+    progress: bool | None = None  # None: show a bar when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"--on-error {self.on_error!r}: expected skip or fail")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard-size {self.shard_size}: must be positive")
+        if self.workers < 1:
+            raise ConfigError(f"--workers {self.workers}: must be at least 1")
+        if not self.src.is_dir():
+            raise ConfigError(f"SRC {self.src}: not a directory")
+
+    def options(self) -> dict[str, object]:
+        """The options recorded in meta.json."""
+        return {
+            "format": self.format,
+            "labels": self.labels,
+            "shard_size": self.shard_size,
+            "workers": self.workers,
+            "decode_check": self.decode_check,
+            "on_error": self.on_error,
+            "encode": "keep",
+        }

@@ -1,0 +1,34 @@
+"""PackerError and its subclasses: problems a user can fix, printed without a traceback."""
+
+from __future__ import annotations
+
+
+class PackerError(Exception):
+    """An error the user can fix; the CLI prints it without a traceback."""
+
+
+class ConfigError(PackerError):
+    """A command-line option or build setting is invalid."""
+
+
+class OutputExistsError(PackerError):
+    def __init__(self, out: str) -> None:
+        super().__init__(
+            f"{out} already exists; pass --overwrite to replace it, or choose another OUT"
+        )
+
+
+class InputError(PackerError):
+    """One input was bad and ``--on-error fail`` asked to stop."""
+
+    def __init__(self, path: str, reason: str, message: str) -> None:
+        super().__init__(
+            f"{path}: {message} [{reason}]; nothing was written. Use --on-error skip to pack "
+            "the rest and list it in errors.jsonl"
+        )
+        self.path = path
+        self.reason = reason
+
+
+class LabelSourceError(PackerError):
+    """A label file or label option cannot be used at all."""

@@ -1,0 +1,111 @@
+"""LMDB shards in the PaddleOCR key layout, in the on-disk format every lmdb release reads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from packer.encode import Record
+from packer.writers.base import ShardWriter, fsync_path
+from readers.formats.lmdb_layout import (
+    DATA_FILE,
+    LOCK_FILE,
+    NUM_SAMPLES_KEY,
+    encode_label,
+    image_key,
+    label_key,
+)
+
+# py-lmdb 3 bundles LMDB 0.9 and 1.0, whose files are mutually unreadable; 0 pins 0.9's.
+LMDB_LIB_VERSION = 0
+_COMMIT_RECORDS = 1000
+_COMMIT_BYTES = 64 << 20
+
+
+def lmdb_versions() -> dict[str, str]:
+    """The py-lmdb release and the LMDB library version that writes our shards."""
+    return {"py_lmdb": lmdb.__version__, "lmdb": ".".join(map(str, lmdb.version()))}
+
+
+def open_lmdb_for_writing(path: str, map_size: int) -> Any:
+    """A new LMDB environment without writemap, pinned to the 0.9 on-disk format."""
+    kwargs: dict[str, Any] = {}
+    if int(lmdb.__version__.split(".")[0]) >= 3:
+        kwargs["lib_version"] = LMDB_LIB_VERSION
+    return lmdb.open(
+        path,
+        map_size=map_size,
+        subdir=True,
+        writemap=False,
+        sync=False,
+        metasync=False,
+        meminit=False,
+        max_dbs=0,
+        **kwargs,
+    )
+
+
+class LmdbShardWriter(ShardWriter):
+    """One LMDB environment ``shard-NNNNN/``.
+
+    The map starts at `initial_map_size` and doubles whenever a commit hits MapFullError (the
+    pending records are replayed), so a shard never fails for being larger than expected; and
+    since writemap is off, the data file only ever holds the pages actually written, never a
+    sparse file of the map's size.
+    """
+
+    format = "lmdb"
+    initial_map_size = 256 << 20
+
+    def __init__(self, base: Path) -> None:
+        super().__init__(base)
+        self.map_size = self.initial_map_size
+        self.env = open_lmdb_for_writing(str(base), self.map_size)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self.count = 0
+
+    def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
+        key = image_key(local)
+        self._pending.append((key, record.data))
+        self._pending.append((label_key(local), encode_label(record.label)))
+        self._pending_bytes += len(record.data)
+        self.count = local
+        if len(self._pending) >= 2 * _COMMIT_RECORDS or self._pending_bytes >= _COMMIT_BYTES:
+            self._commit()
+        return key.decode(), None
+
+    def _commit(self, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+        items = self._pending + list(extra)
+        while True:
+            txn = self.env.begin(write=True)
+            try:
+                for key, value in items:
+                    txn.put(key, value)
+                txn.commit()
+                break
+            except lmdb.MapFullError:
+                txn.abort()
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+        self._pending = []
+        self._pending_bytes = 0
+
+    def close(self) -> int:
+        self._commit([(NUM_SAMPLES_KEY, str(self.count).encode())])
+        self.env.sync(True)
+        self.env.close()
+        for name in (DATA_FILE, LOCK_FILE):
+            if (self.base / name).exists():
+                fsync_path(self.base / name)
+        fsync_path(self.base)
+        return os.path.getsize(self.base / DATA_FILE)
+
+    def abort(self) -> None:
+        self.env.close()
+
+    def files(self) -> list[Path]:
+        return [self.base / DATA_FILE, self.base / LOCK_FILE]

@@ -1,0 +1,30 @@
+"""The training side of packer: paddle Datasets, Samplers and streams over packed shards.
+
+Names are imported lazily so that ``import readers.formats`` (what ``packer`` uses) does not
+import paddle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LmdbDataset": "readers.datasets",
+    "open_dataset": "readers.datasets",
+    "RecordIODataset": "readers.datasets",
+    "ChunkShuffleSampler": "readers.samplers",
+    "ChunkShuffleBatchSampler": "readers.samplers",
+    "ShardStream": "readers.stream",
+    "load_index": "readers.index",
+    "decode_image": "readers.decode",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'readers' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,79 @@
+"""One read-only handle per shard per process, never used across ``fork``.
+
+py-lmdb refuses to open the same environment twice in one process, and refuses to reopen one
+whose handle was inherited through ``fork`` while that handle is still registered. So every
+dataset object in a process shares the handles kept here, and a forked child closes the
+inherited ones (its own copies of the parent's mappings) before it opens anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_lock = threading.Lock()
+_handles: dict[tuple[str, str], Any] = {}
+# Bumped in a forked child so that datasets know their cached handles are stale.
+generation = 0
+
+
+def _drop_inherited() -> None:
+    global generation, _lock
+    _lock = threading.Lock()  # the parent's may have been held by another thread at fork
+    for handle in _handles.values():
+        with contextlib.suppress(Exception):
+            handle.close()
+    _handles.clear()
+    generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited)
+
+
+def shared_handle(kind: str, path: str, opener: Callable[[str], Any]) -> Any:
+    """The process's handle of `kind` for `path`, opened by `opener(path)` on first use."""
+    key = (kind, os.path.realpath(path))
+    handle = _handles.get(key)
+    if handle is None:
+        with _lock:
+            handle = _handles.get(key)
+            if handle is None:
+                handle = opener(path)
+                _handles[key] = handle
+    return handle
+
+
+def open_lmdb_readonly(path: str) -> Any:
+    """Open an LMDB environment for reading only: no lock file, no write access needed."""
+    import lmdb
+
+    return lmdb.open(
+        path,
+        readonly=True,
+        lock=False,
+        readahead=False,
+        meminit=False,
+        max_readers=2048,
+        subdir=True,
+        create=False,
+    )
+
+
+def shared_lmdb(path: str) -> Any:
+    """The process's read-only LMDB environment for the shard directory `path`."""
+    return shared_handle("lmdb", path, open_lmdb_readonly)
+
+
+def close_all() -> None:
+    """Close every handle of this process (tests, or before deleting a dataset)."""
+    global generation
+    with _lock:
+        for handle in _handles.values():
+            with contextlib.suppress(Exception):
+                handle.close()
+        _handles.clear()
+        generation += 1

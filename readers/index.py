@@ -1,0 +1,294 @@
+"""Load a packed dataset's meta.json and index into compact columns (numpy / Arrow).
+
+One Python object per sample would cost hundreds of bytes each and be copied page by page
+into every forked DataLoader worker as reference counts change; a few flat arrays cost tens
+of bytes per sample and stay shared.  ``index.jsonl`` is the source of truth;
+``index.parquet`` is a columnar copy written at build time and used when it is fresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from readers.errors import DatasetFormatError
+from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
+
+# Columns a reader needs; the rest (path, width, ...) are loaded only when asked for.
+CORE_COLUMNS = ("nbytes", "crc32", "offset")
+EXTRA_COLUMNS = ("width", "height", "channels", "format", "path")
+
+_SAMPLE_BLOCK = 1 << 16
+_SAMPLE_COUNT = 64
+
+
+def fingerprint(path: str | os.PathLike[str]) -> str:
+    """A cheap fingerprint of a file: its size and a hash of evenly spaced 64 KiB blocks.
+
+    Used to tell whether ``index.parquet`` still matches ``index.jsonl`` without hashing a
+    multi-GB file at every open; ``packer verify`` compares the full contents.
+    """
+    size = os.path.getsize(path)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _SAMPLE_BLOCK * _SAMPLE_COUNT:
+            digest.update(f.read())
+        else:
+            step = (size - _SAMPLE_BLOCK) // (_SAMPLE_COUNT - 1)
+            for i in range(_SAMPLE_COUNT):
+                f.seek(i * step)
+                digest.update(f.read(_SAMPLE_BLOCK))
+    return f"{size}:{digest.hexdigest()}"
+
+
+@dataclass
+class Labels:
+    """The labels of all samples in one compact form.
+
+    ``kind`` is ``none`` (every label null), ``int`` (every label an int: ``ints``) or
+    ``json`` (anything else: one JSON text per sample in an Arrow string array).
+    """
+
+    kind: str
+    ints: np.ndarray | None = None
+    texts: Any = None  # pyarrow.StringArray / LargeStringArray
+
+    def __getitem__(self, i: int) -> Any:
+        if self.kind == "int":
+            assert self.ints is not None
+            return int(self.ints[i])
+        if self.kind == "json":
+            return json.loads(self.texts[i].as_py())
+        return None
+
+    def as_ints(self) -> np.ndarray | None:
+        """The int labels as an array, or None when labels are not all ints."""
+        return self.ints if self.kind == "int" else None
+
+
+@dataclass
+class DatasetIndex:
+    """meta.json plus the index of a packed dataset, held as flat arrays."""
+
+    root: Path
+    meta: dict[str, Any]
+    shard_bounds: np.ndarray  # int64, num_shards + 1: shard s holds ids [b[s], b[s+1])
+    shard_names: list[str]
+    nbytes: np.ndarray  # uint32
+    crc32: np.ndarray  # uint32
+    offset: np.ndarray | None  # int64, RecordIO only
+    labels: Labels
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.shard_bounds[-1])
+
+    @property
+    def format(self) -> str:
+        return str(self.meta["format"])
+
+    def shard_of(self, i: int) -> int:
+        """The shard that holds sample `i`."""
+        return int(np.searchsorted(self.shard_bounds, i, side="right")) - 1
+
+    def path_of(self, i: int) -> str | None:
+        """The source path of sample `i` (read from the index on demand; for messages)."""
+        if "path" in self.extra:
+            return str(self.extra["path"][i].as_py())
+        index_path = self.root / INDEX_NAME
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                for n, line in enumerate(f):
+                    if n == i:
+                        return str(json.loads(line).get("path"))
+        except (OSError, ValueError):
+            return None
+        return None
+
+
+def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check ``meta.json`` of the dataset at `root`."""
+    path = Path(root) / META_NAME
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
+    except ValueError as exc:
+        raise DatasetFormatError(f"{path}: not valid JSON ({exc})") from exc
+    for key in ("format", "version", "num_samples", "shards"):
+        if key not in meta:
+            raise DatasetFormatError(f"{path}: field {key!r} is missing")
+    return dict(meta)
+
+
+def _shard_table(meta: dict[str, Any], where: Path) -> tuple[np.ndarray, list[str]]:
+    bounds = [0]
+    names = []
+    for n, shard in enumerate(meta["shards"]):
+        if int(shard["first"]) != bounds[-1]:
+            raise DatasetFormatError(
+                f"{where}: shard {n} starts at id {shard['first']}, expected {bounds[-1]} "
+                "(shards must cover the ids in order without gaps)"
+            )
+        bounds.append(bounds[-1] + int(shard["count"]))
+        names.append(str(shard["name"]))
+    if bounds[-1] != int(meta["num_samples"]):
+        raise DatasetFormatError(
+            f"{where}: the shards hold {bounds[-1]} samples but num_samples is "
+            f"{meta['num_samples']}"
+        )
+    return np.asarray(bounds, dtype=np.int64), names
+
+
+def _labels_from_texts(texts: list[str]) -> Labels:
+    import pyarrow as pa
+
+    values = [json.loads(t) for t in texts]
+    if all(v is None for v in values):
+        return Labels("none")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return Labels("int", ints=np.asarray(values, dtype=np.int64))
+    return Labels("json", texts=pa.array(texts, type=pa.large_string()))
+
+
+def _load_jsonl(root: Path, extra: tuple[str, ...]) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
+    path = root / INDEX_NAME
+    nbytes: list[int] = []
+    crc: list[int] = []
+    offset: list[int] = []
+    label_texts: list[str] = []
+    extras: dict[str, list[Any]] = {name: [] for name in extra}
+    try:
+        f = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
+    with f:
+        for n, line in enumerate(f):
+            if not line.endswith("\n"):
+                raise DatasetFormatError(
+                    f"{path}:{n + 1}: the last line is cut short (torn write?)"
+                )
+            try:
+                row = json.loads(line)
+                if row["id"] != n:
+                    raise DatasetFormatError(
+                        f"{path}:{n + 1}: id is {row['id']}, expected {n} (id = line number)"
+                    )
+                nbytes.append(row["nbytes"])
+                crc.append(row["crc32"])
+                offset.append(row.get("offset", -1))
+                label_texts.append(json.dumps(row.get("label"), ensure_ascii=False))
+                for name in extra:
+                    extras[name].append(row.get(name))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DatasetFormatError(f"{path}:{n + 1}: bad index line ({exc!r})") from exc
+    cols = {
+        "nbytes": np.asarray(nbytes, dtype=np.uint32),
+        "crc32": np.asarray(crc, dtype=np.uint32),
+        "offset": np.asarray(offset, dtype=np.int64),
+    }
+    import pyarrow as pa
+
+    extra_cols: dict[str, Any] = {}
+    for name, values in extras.items():
+        if name in ("path", "format"):
+            extra_cols[name] = pa.array(values, type=pa.string())
+        else:
+            extra_cols[name] = np.asarray([-1 if v is None else v for v in values], np.int64)
+    return cols, _labels_from_texts(label_texts), extra_cols
+
+
+def _load_parquet(
+    root: Path, meta: dict[str, Any], extra: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]] | None:
+    """The columns from index.parquet, or None when it is missing or stale."""
+    pq_path = root / INDEX_COLUMNAR_NAME
+    if not pq_path.exists():
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        label_kind = str(meta.get("label_kind", ""))
+        if label_kind not in ("none", "int", "json") or meta.get(
+            "index_fingerprint"
+        ) != fingerprint(root / INDEX_NAME):
+            warnings.warn(
+                f"{pq_path} does not match {INDEX_NAME} (edited or stale); reading "
+                f"{INDEX_NAME} instead",
+                stacklevel=3,
+            )
+            return None
+        wanted = ["nbytes", "crc32", "offset", *extra]
+        wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
+        table = pq.read_table(pq_path, columns=wanted)
+    except (OSError, ValueError, KeyError) as exc:
+        warnings.warn(f"{pq_path}: unreadable ({exc}); reading {INDEX_NAME}", stacklevel=3)
+        return None
+    if table.num_rows != int(meta["num_samples"]):
+        return None
+    cols = {
+        "nbytes": table.column("nbytes").to_numpy().astype(np.uint32),
+        "crc32": table.column("crc32").to_numpy().astype(np.uint32),
+        "offset": table.column("offset").fill_null(-1).to_numpy().astype(np.int64),
+    }
+    if label_kind == "int":
+        labels = Labels("int", ints=table.column("label_int").to_numpy().astype(np.int64))
+    elif label_kind == "json":
+        labels = Labels("json", texts=table.column("label_json").combine_chunks())
+    else:
+        labels = Labels("none")
+    extra_cols: dict[str, Any] = {}
+    for name in extra:
+        column = table.column(name).combine_chunks()
+        extra_cols[name] = (
+            column if name in ("path", "format") else column.fill_null(-1).to_numpy()
+        )
+    return cols, labels, extra_cols
+
+
+def load_index(
+    root: str | os.PathLike[str], *, extra: tuple[str, ...] = (), prefer_columnar: bool = True
+) -> DatasetIndex:
+    """Load the dataset at `root` into a `DatasetIndex`.
+
+    Args:
+        root: the dataset directory (``OUT`` of ``packer build``).
+        extra: more columns to load (``width``, ``height``, ``channels``, ``format``, ``path``).
+        prefer_columnar: use ``index.parquet`` when it is present and fresh.
+
+    Raises:
+        DatasetFormatError: meta.json or the index is missing, malformed, or disagrees.
+    """
+    root = Path(root)
+    meta = load_meta(root)
+    bounds, names = _shard_table(meta, root / META_NAME)
+    loaded = _load_parquet(root, meta, extra) if prefer_columnar else None
+    if loaded is None:
+        loaded = _load_jsonl(root, extra)
+    cols, labels, extra_cols = loaded
+    if len(cols["nbytes"]) != int(meta["num_samples"]):
+        raise DatasetFormatError(
+            f"{root / INDEX_NAME}: {len(cols['nbytes'])} lines but {META_NAME} says "
+            f"num_samples = {meta['num_samples']}"
+        )
+    offset = cols["offset"] if meta["format"] == "recordio" else None
+    return DatasetIndex(
+        root=root,
+        meta=meta,
+        shard_bounds=bounds,
+        shard_names=names,
+        nbytes=cols["nbytes"],
+        crc32=cols["crc32"],
+        offset=offset,
+        labels=labels,
+        extra=extra_cols,
+    )
