@@ -17,10 +17,15 @@ _INT = re.compile(r"^[+-]?\d+$")
 
 @dataclass(frozen=True)
 class Entry:
-    """One file to pack with its label (JSON-able: int, str, list, dict, or None)."""
+    """One file to pack with its label (JSON-able: int, str, list, dict, or None).
+
+    An entry without a label where one is required is still read, so that a file which is
+    not an image is reported as such; one that is an image is then reported as ``no_label``.
+    """
 
     file: SourceFile
     label: Any
+    labelled: bool = True
 
 
 @dataclass
@@ -43,16 +48,14 @@ def from_dirnames(scan: ScanResult) -> LabelPlan:
     classes = list(scan.top_dirs)
     ids = {name: i for i, name in enumerate(classes)}
     entries: list[Entry] = []
-    found = list(scan.problems)
     for f in scan.files:
         top, sep, _ = f.rel.partition("/")
-        if not sep:
-            found.append(
-                Problem(f.rel, P.NO_LABEL, "not inside a class folder (labels from dirname)")
-            )
-            continue
-        entries.append(Entry(f, ids[top]))
-    return LabelPlan(entries, found, "dirname", classes=classes, ignored=scan.ignored)
+        entries.append(Entry(f, ids[top]) if sep else Entry(f, None, labelled=False))
+    return LabelPlan(entries, list(scan.problems), "dirname", classes=classes,
+                     ignored=scan.ignored)
+
+
+NO_LABEL_MESSAGE = "an image outside every class folder (labels from dirname)"
 
 
 def split_list_line(line: str) -> tuple[str, str] | None:

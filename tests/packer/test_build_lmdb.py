@@ -138,6 +138,7 @@ def test_bad_inputs_are_skipped_and_reported(tree, tmp_path):
     (src / ".hidden.png").write_bytes(png)
     (src / "cat" / ".DS_Store").write_bytes(b"junk")
     (src / "loose.png").write_bytes(png)
+    (src / "index.theme").write_text("[Icon Theme]")
     os.mkfifo(src / "eel" / "pipe.png")
     os.symlink(src, src / "eel" / "loop")
     os.symlink(tmp_path, src / "eel" / "escape")
@@ -154,6 +155,7 @@ def test_bad_inputs_are_skipped_and_reported(tree, tmp_path):
         "dog/cut.jpg": "truncated",
         "dog/broken.png": "undecodable",
         "loose.png": "no_label",
+        "index.theme": "not_image",
         "eel/pipe.png": "not_regular",
         "eel/loop": "symlink_loop",
         "eel/escape": "outside_src",
