@@ -69,6 +69,12 @@ class Labels:
             return json.loads(self.texts[i].as_py())
         return None
 
+    def __post_init__(self) -> None:
+        ints = self.ints
+        if ints is not None and ints.size and ints.dtype != np.int32:
+            if -(2**31) <= int(ints.min()) and int(ints.max()) < 2**31:
+                self.ints = ints.astype(np.int32)  # class ids: half the memory
+
     def as_ints(self) -> np.ndarray | None:
         """The int labels as an array, or None when labels are not all ints."""
         return self.ints if self.kind == "int" else None
@@ -207,6 +213,13 @@ def _load_jsonl(root: Path, extra: tuple[str, ...]) -> tuple[dict[str, np.ndarra
     return cols, _labels_from_texts(label_texts), extra_cols
 
 
+def _column(table: Any, name: str, dtype: Any, *, fill: int | None = None) -> np.ndarray:
+    column = table.column(name)
+    if fill is not None:
+        column = column.fill_null(fill)
+    return np.ascontiguousarray(column.to_numpy(), dtype=dtype)
+
+
 def _load_parquet(
     root: Path, meta: dict[str, Any], extra: tuple[str, ...]
 ) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]] | None:
@@ -214,6 +227,7 @@ def _load_parquet(
     pq_path = root / INDEX_COLUMNAR_NAME
     if not pq_path.exists():
         return None
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -227,7 +241,9 @@ def _load_parquet(
                 stacklevel=3,
             )
             return None
-        wanted = ["nbytes", "crc32", "offset", *extra]
+        wanted = ["nbytes", "crc32", *extra]
+        if meta["format"] == "recordio":
+            wanted.append("offset")
         wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
         table = pq.read_table(pq_path, columns=wanted)
     except (OSError, ValueError, KeyError) as exc:
@@ -235,13 +251,28 @@ def _load_parquet(
         return None
     if table.num_rows != int(meta["num_samples"]):
         return None
+    try:
+        return _columns_from_table(table, label_kind, extra)
+    finally:
+        del table
+        # the decoded pages stay in Arrow's allocator unless handed back explicitly
+        pa.default_memory_pool().release_unused()
+
+
+def _columns_from_table(
+    table: Any, label_kind: str, extra: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
     cols = {
-        "nbytes": table.column("nbytes").to_numpy().astype(np.uint32),
-        "crc32": table.column("crc32").to_numpy().astype(np.uint32),
-        "offset": table.column("offset").fill_null(-1).to_numpy().astype(np.int64),
+        "nbytes": _column(table, "nbytes", np.uint32),
+        "crc32": _column(table, "crc32", np.uint32),
+        "offset": (
+            _column(table, "offset", np.int64, fill=-1)
+            if "offset" in table.column_names
+            else np.empty(0, np.int64)
+        ),
     }
     if label_kind == "int":
-        labels = Labels("int", ints=table.column("label_int").to_numpy().astype(np.int64))
+        labels = Labels("int", ints=_column(table, "label_int", np.int64))
     elif label_kind == "json":
         labels = Labels("json", texts=table.column("label_json").combine_chunks())
     else:
