@@ -23,6 +23,7 @@ from packer.problems import Problem
 from packer.writers import WRITERS, DatasetWriter
 from packer.writers.base import fsync_path
 from packer.writers.lmdb import lmdb_versions
+from packer.writers.recordio import oversize_problem, recordio_layout
 from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME
 from readers.index import fingerprint
 
@@ -149,6 +150,8 @@ def build(
         with _progress(len(plan.entries), cfg.progress) as bar:
             last = time.perf_counter()
             for item in _prepared(plan.entries, cfg):
+                if cfg.format == "recordio" and isinstance(item, Record):
+                    item = oversize_problem(item) or item
                 if isinstance(item, Problem):
                     if cfg.on_error == "fail":
                         raise InputError(item.path, item.reason, item.message)
@@ -186,7 +189,7 @@ def build(
             "num_errors": len(found),
             "index_sha256": writer.index_sha256,
             "index_fingerprint": fingerprint(tmp / "index.jsonl"),
-            "writer": lmdb_versions() if cfg.format == "lmdb" else {},
+            "writer": lmdb_versions() if cfg.format == "lmdb" else recordio_layout(),
         }
         _write_json(tmp / META_NAME, meta)
         _publish(tmp, out, overwrite=cfg.overwrite)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -29,7 +28,14 @@ def _fail(exc: Exception) -> typer.Exit:
 def build(
     src: Annotated[Path, typer.Argument(help="Directory tree of images (and label files).")],
     out: Annotated[Path, typer.Argument(help="Output dataset directory (e.g. out.lmdb).")],
-    format: Annotated[str, typer.Option("--format", "-f", help="lmdb or recordio.")] = "lmdb",
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="lmdb (PaddleOCR key layout) or recordio (MXNet .rec/.idx shards).",
+        ),
+    ] = "lmdb",
     labels: Annotated[
         str,
         typer.Option(
@@ -84,7 +90,12 @@ def build(
 
 @app.command()
 def verify(
-    out: Annotated[Path, typer.Argument(help="A packed dataset, or a bare PaddleOCR LMDB.")],
+    out: Annotated[
+        Path,
+        typer.Argument(
+            help="A packed dataset, a bare PaddleOCR LMDB, or a bare MXNet .rec (with its .idx)."
+        ),
+    ],
     deep: Annotated[
         bool, typer.Option(help="Also decode every image and check its size.")
     ] = False,
@@ -122,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

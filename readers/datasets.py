@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import struct
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import paddle
@@ -16,10 +18,125 @@ from readers.decode import check_mode, decode_image
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import META_NAME
 from readers.formats.lmdb_layout import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
+from readers.formats.recordio import (
+    IR_HEADER,
+    MAGIC,
+    IRHeader,
+    RecordIOError,
+    decode_lrec,
+    read_idx,
+    read_record_at,
+    scan_offsets,
+    unpack_image_record,
+)
 from readers.index import DatasetIndex, load_index
 
+REC_SUFFIX = ".rec"
+IDX_SUFFIX = ".idx"
+_REC_HEAD = struct.Struct("<II")
 
-class LmdbDataset(paddle.io.Dataset):  # type: ignore[misc]
+
+class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
+    """What every packed format shares: options, the index, lazy per-process handles,
+    bounds checks, pickling without handles, transform.
+
+    A subclass sets ``_shard_paths`` and ``shard_bounds`` (and ``index`` for a packed
+    dataset), and implements ``_open(path)`` and ``_read(i, shard, as_bytes=...)``.
+    """
+
+    format: ClassVar[str]
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None,
+        decode: str,
+        *,
+        verify_crc: bool,
+    ) -> None:
+        check_mode(decode)
+        self.root = Path(path)
+        self.transform = transform
+        self.decode = decode
+        self.verify_crc = verify_crc
+        self.index: DatasetIndex | None = None
+        self.shard_bounds: np.ndarray = np.zeros(1, dtype=np.int64)
+        self._shard_paths: list[str] = []
+        self._handles: list[Any] = []
+        self._generation = -1
+
+    def _load_packed(self) -> DatasetIndex:
+        index = load_index(self.root)
+        if index.format != self.format:
+            raise DatasetFormatError(
+                f"{self.root}: a {index.format} dataset, not {self.format_title}; use "
+                f"{_CLASS_OF.get(index.format, 'the matching dataset class')} or open_dataset()"
+            )
+        self.index = index
+        self.shard_bounds = index.shard_bounds
+        return index
+
+    @property
+    def format_title(self) -> str:
+        return {"lmdb": "LMDB", "recordio": "RecordIO"}[self.format]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = []
+        state["_generation"] = -1
+        return state
+
+    def __len__(self) -> int:
+        return int(self.shard_bounds[-1])
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Every sample's int label (when labels are class ids), for samplers and filters."""
+        return self.index.labels.as_ints() if self.index is not None else None
+
+    def _open(self, path: str) -> Any:
+        raise NotImplementedError
+
+    def _handle(self, shard: int) -> Any:
+        if self._generation != handles.generation:
+            self._handles = [None] * len(self._shard_paths)
+            self._generation = handles.generation
+        handle = self._handles[shard]
+        if handle is None:
+            handle = self._open(self._shard_paths[shard])
+            self._handles[shard] = handle
+        return handle
+
+    def _source(self, i: int) -> str:
+        path = self.index.path_of(i) if self.index is not None else None
+        return f" (source {path})" if path else ""
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        """``(i, shard)`` for a possibly negative sample number; IndexError when out of range."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for a dataset of {n}")
+        return i, int(np.searchsorted(self.shard_bounds, i, side="right")) - 1
+
+    def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def read_bytes(self, i: int) -> bytes:
+        """The stored bytes of sample `i`."""
+        i, shard = self._locate(i)
+        return self._read(i, shard, as_bytes=True)[0]  # type: ignore[no-any-return]
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        n, shard = self._locate(int(i))
+        image, label = self._read(n, shard, as_bytes=False)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+
+class LmdbDataset(_ShardedDataset):
     """A packed LMDB dataset, or a bare LMDB in the PaddleOCR layout, as a map-style Dataset.
 
     Shards are opened lazily in the process that reads them, read-only and without locks, and
@@ -34,6 +151,8 @@ class LmdbDataset(paddle.io.Dataset):  # type: ignore[misc]
         verify_crc: check each record's CRC-32 against the index on read.
     """
 
+    format = "lmdb"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -42,21 +161,10 @@ class LmdbDataset(paddle.io.Dataset):  # type: ignore[misc]
         *,
         verify_crc: bool = False,
     ) -> None:
-        check_mode(decode)
-        self.root = Path(path)
-        self.transform = transform
-        self.decode = decode
-        self.verify_crc = verify_crc
-        self.index: DatasetIndex | None = None
+        super().__init__(path, transform, decode, verify_crc=verify_crc)
         if (self.root / META_NAME).exists():
-            self.index = load_index(self.root)
-            if self.index.format != "lmdb":
-                raise DatasetFormatError(
-                    f"{self.root}: a {self.index.format} dataset, not LMDB; use "
-                    "RecordIODataset or open_dataset()"
-                )
-            self.shard_bounds = self.index.shard_bounds
-            self._shard_paths = [str(self.root / n) for n in self.index.shard_names]
+            index = self._load_packed()
+            self._shard_paths = [str(self.root / n) for n in index.shard_names]
         elif (self.root / DATA_FILE).exists():
             self._shard_paths = [str(self.root)]
             env = handles.shared_lmdb(str(self.root))
@@ -72,49 +180,21 @@ class LmdbDataset(paddle.io.Dataset):  # type: ignore[misc]
             raise DatasetFormatError(
                 f"{self.root}: neither a packed dataset ({META_NAME}) nor an LMDB ({DATA_FILE})"
             )
-        self._envs: list[Any] = []
-        self._generation = -1
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_envs"] = []
-        state["_generation"] = -1
-        return state
-
-    def __len__(self) -> int:
-        return int(self.shard_bounds[-1])
 
     @property
-    def labels(self) -> np.ndarray | None:
-        """Every sample's int label (when labels are class ids), for samplers and filters."""
-        return self.index.labels.as_ints() if self.index is not None else None
+    def _envs(self) -> list[Any]:
+        return self._handles
+
+    def _open(self, path: str) -> Any:
+        return handles.shared_lmdb(path)
 
     def _env(self, shard: int) -> Any:
-        if self._generation != handles.generation:
-            self._envs = [None] * len(self._shard_paths)
-            self._generation = handles.generation
-        env = self._envs[shard]
-        if env is None:
-            env = handles.shared_lmdb(self._shard_paths[shard])
-            self._envs[shard] = env
-        return env
+        return self._handle(shard)
 
     def _where(self, i: int, shard: int, key: bytes) -> str:
-        path = self.index.path_of(i) if self.index is not None else None
-        source = f" (source {path})" if path else ""
-        return f"{self._shard_paths[shard]} key {key.decode()} sample {i}{source}"
+        return f"{self._shard_paths[shard]} key {key.decode()} sample {i}{self._source(i)}"
 
-    def read_bytes(self, i: int) -> bytes:
-        """The stored bytes of sample `i`."""
-        return self._read(i, as_bytes=True)[0]  # type: ignore[no-any-return]
-
-    def _read(self, i: int, *, as_bytes: bool) -> tuple[Any, Any]:
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample {i} out of range for a dataset of {n}")
-        shard = int(np.searchsorted(self.shard_bounds, i, side="right")) - 1
+    def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
         local = i - int(self.shard_bounds[shard]) + 1
         key = image_key(local)
         try:
@@ -148,28 +228,312 @@ class LmdbDataset(paddle.io.Dataset):  # type: ignore[misc]
             raise
         return image, label
 
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        image, label = self._read(int(i), as_bytes=False)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, label
+
+def find_recordio_pair(path: str | os.PathLike[str]) -> tuple[Path, Path | None] | None:
+    """The ``.rec`` file (and its ``.idx``, if any) that `path` names, or None.
+
+    `path` may be the ``.rec`` file, its ``.idx``, their common prefix (``data/train`` for
+    ``data/train.rec``), or a directory holding exactly one ``.rec`` (an InsightFace dataset
+    folder). A packed dataset directory (with ``meta.json``) is not a bare pair.
+    """
+    p = Path(path)
+
+    def with_idx(rec: Path) -> tuple[Path, Path | None]:
+        idx = rec.with_suffix(IDX_SUFFIX)
+        return rec, idx if idx.is_file() else None
+
+    if p.is_file():
+        if p.suffix == REC_SUFFIX:
+            return with_idx(p)
+        if p.suffix == IDX_SUFFIX and p.with_suffix(REC_SUFFIX).is_file():
+            return p.with_suffix(REC_SUFFIX), p
+        return None
+    if p.is_dir():
+        if (p / META_NAME).exists() or (p / DATA_FILE).exists():
+            return None
+        recs = sorted(q for q in p.glob(f"*{REC_SUFFIX}") if q.is_file())
+        return with_idx(recs[0]) if len(recs) == 1 else None
+    prefixed = Path(f"{p}{REC_SUFFIX}")
+    if prefixed.is_file():
+        return with_idx(prefixed)
+    return None
 
 
-def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> LmdbDataset:
-    """Open whatever packed dataset is at `path` (a packed directory or a bare LMDB)."""
+def _header_at(buf: Any, offset: int) -> tuple[IRHeader, Any, int]:
+    """``(header, label, image length)`` of the image record at `offset`, reading only the
+    header of a one-part record (the common case) and the whole record otherwise."""
+    if offset + _REC_HEAD.size + IR_HEADER.size <= len(buf):
+        magic, lrec = _REC_HEAD.unpack_from(buf, offset)
+        cflag, length = decode_lrec(lrec)
+        start = offset + _REC_HEAD.size
+        if magic == MAGIC and cflag == 0 and start + length <= len(buf):
+            header = IRHeader(*IR_HEADER.unpack_from(buf, start))
+            body = IR_HEADER.size + 4 * header.flag
+            if header.flag == 0:
+                return header, header.label, length - IR_HEADER.size
+            if body <= length:
+                labels = np.frombuffer(
+                    buf, dtype="<f4", count=header.flag, offset=start + IR_HEADER.size
+                ).astype(np.float32)
+                return header, labels, length - body
+    payload, _ = read_record_at(buf, offset)
+    header, label, image = unpack_image_record(payload)
+    return header, label, len(image)
+
+
+def _int_labels(values: list[Any]) -> np.ndarray | None:
+    """The labels as int64 when every one is a single integral number, else None."""
+    if not values or not all(isinstance(v, float) and v.is_integer() for v in values):
+        return None
+    return np.asarray(values, dtype=np.int64)
+
+
+class RecordIODataset(_ShardedDataset):
+    """A packed RecordIO dataset, or a bare MXNet ``.rec``/``.idx`` pair, as a map-style Dataset.
+
+    Records are read by offset from a read-only ``mmap`` of each ``.rec``, opened lazily in the
+    process that reads it and shared with every dataset object of that process; the object
+    pickles without it.
+
+    A packed dataset takes its labels from ``index.jsonl`` (any JSON label). A bare pair takes
+    them from the MXNet headers: a float, or a float32 array when the header's flag is > 0.
+    Its samples are the ``.idx`` records in file order; when the record of key 0 is an
+    InsightFace meta record (flag > 0, no image; label[0] = 1 + number of images), the samples
+    are keys ``1 .. label[0] - 1`` and the meta and identity records are skipped. A ``.rec``
+    without ``.idx`` is scanned for its record offsets (with a warning: that reads the whole
+    file), skipping records that hold no image.
+
+    Args:
+        path: the dataset directory written by ``packer build --format recordio``, or a bare
+            ``.rec`` (its ``.idx``, their prefix, or a directory holding one ``.rec``).
+        transform: applied to the decoded image.
+        decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
+            bytes untouched).
+        verify_crc: check each record's CRC-32 against the index on read (packed datasets).
+    """
+
+    format = "recordio"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        decode: str = "rgb",
+        *,
+        verify_crc: bool = False,
+    ) -> None:
+        super().__init__(path, transform, decode, verify_crc=verify_crc)
+        self.keys: np.ndarray | None = None
+        """The ``.idx`` key of every sample of a bare pair (header ids when scanned)."""
+        self.meta_label: np.ndarray | None = None
+        """The label vector of a bare pair's InsightFace meta record, when it has one."""
+        self.rec_path: Path | None = None
+        self.idx_path: Path | None = None
+        """The files of a bare pair (``idx_path`` None when the ``.rec`` has no ``.idx``)."""
+        self._bare_labels: np.ndarray | None = None
+        self._bare_labels_known = False
+        if (self.root / META_NAME).exists():
+            index = self._load_packed()
+            if index.offset is None or (len(index.offset) and int(index.offset.min()) < 0):
+                raise DatasetFormatError(
+                    f"{self.root}: index.jsonl lacks the 'offset' of some RecordIO records"
+                )
+            self.offsets: np.ndarray = index.offset
+            self._shard_paths = [str(self.root / f"{n}{REC_SUFFIX}") for n in index.shard_names]
+            return
+        pair = find_recordio_pair(self.root)
+        if pair is None:
+            raise DatasetFormatError(
+                f"{self.root}: neither a packed dataset ({META_NAME}) nor a RecordIO file "
+                f"({REC_SUFFIX} with its {IDX_SUFFIX}, or their common prefix)"
+            )
+        rec, idx = pair
+        self.rec_path, self.idx_path = rec, idx
+        self._shard_paths = [str(rec)]
+        if idx is not None:
+            self._open_with_idx(rec, idx)
+        else:
+            self._open_by_scan(rec)
+        self.shard_bounds = np.asarray([0, len(self.offsets)], dtype=np.int64)
+
+    def _open(self, path: str) -> Any:
+        return handles.shared_mmap(path)
+
+    def _open_with_idx(self, rec: Path, idx: Path) -> None:
+        try:
+            keys, offsets = read_idx(idx)
+        except (RecordIOError, OSError) as exc:
+            raise DatasetFormatError(f"{idx}: cannot read the index ({exc})") from exc
+        if len(keys) == 0:
+            raise DatasetFormatError(f"{idx}: no records listed")
+        buf = handles.shared_mmap(str(rec))
+        size = len(buf)
+        if int(offsets.max()) >= size:
+            at = int(np.argmax(offsets >= size))
+            raise DatasetFormatError(
+                f"{idx}: key {int(keys[at])} has offset {int(offsets[at])}, past the end of "
+                f"{rec} ({size} bytes); is the .rec cut short or the .idx from another file?"
+            )
+        zero = np.flatnonzero(keys == 0)
+        if zero.size:
+            try:
+                header, label, image_len = _header_at(buf, int(offsets[zero[0]]))
+            except RecordIOError as exc:
+                raise DatasetFormatError(
+                    f"{rec}: the record of key 0 at offset {int(offsets[zero[0]])} does not "
+                    f"parse ({exc})"
+                ) from exc
+            if header.flag > 0 and image_len == 0:
+                self.meta_label = np.asarray(label, dtype=np.float32)
+                keys, offsets = self._insightface_images(idx, keys, offsets, zero[0])
+        self.keys, self.offsets = keys, offsets
+
+    def _insightface_images(
+        self, idx: Path, keys: np.ndarray, offsets: np.ndarray, meta_at: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and offsets of the images an InsightFace meta record announces: keys
+        ``1 .. label[0] - 1``; without a usable range, every key but the meta record's."""
+        assert self.meta_label is not None
+        end = float(self.meta_label[0]) if self.meta_label.size else 0.0
+        if not (end.is_integer() and 1 <= end <= len(keys)):
+            return np.delete(keys, meta_at), np.delete(offsets, meta_at)
+        wanted = np.arange(1, int(end), dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        pos = np.searchsorted(keys[order], wanted)
+        found = (pos < len(keys)) & (keys[order][np.minimum(pos, len(keys) - 1)] == wanted)
+        if not found.all():
+            missing = int(wanted[np.argmin(found)])
+            raise DatasetFormatError(
+                f"{idx}: the meta record (key 0) announces images with keys 1..{int(end) - 1}, "
+                f"but key {missing} is not in the index"
+            )
+        return wanted, offsets[order][pos]
+
+    def _open_by_scan(self, rec: Path) -> None:
+        warnings.warn(
+            f"{rec}: no {IDX_SUFFIX} beside it; scanning the whole file for record offsets "
+            f"(write a {IDX_SUFFIX} to open it instantly)",
+            stacklevel=3,
+        )
+        buf = handles.shared_mmap(str(rec))
+        try:
+            offsets = scan_offsets(buf)
+            keys: list[int] = []
+            kept: list[int] = []
+            labels: list[Any] = []
+            for offset in offsets.tolist():
+                header, label, image_len = _header_at(buf, offset)
+                if image_len == 0:  # a meta or identity record (InsightFace), not an image
+                    continue
+                kept.append(offset)
+                keys.append(header.id)
+                labels.append(label)
+        except RecordIOError as exc:
+            raise DatasetFormatError(f"{rec}: not a readable RecordIO file ({exc})") from exc
+        if not kept:
+            raise DatasetFormatError(f"{rec}: holds no image records")
+        self.keys = np.asarray(keys, dtype=np.uint64).astype(np.int64)
+        self.offsets = np.asarray(kept, dtype=np.int64)
+        self._bare_labels, self._bare_labels_known = _int_labels(labels), True
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Every sample's int label, for samplers and filters: the index's class ids for a
+        packed dataset; for a bare pair the header labels when all are single integral
+        numbers (read from every header on first use), else None."""
+        if self.index is not None:
+            return self.index.labels.as_ints()
+        if not self._bare_labels_known:
+            buf = self._handle(0)
+            values = [_header_at(buf, int(o))[1] for o in self.offsets]
+            self._bare_labels, self._bare_labels_known = _int_labels(values), True
+        return self._bare_labels
+
+    def _where(self, i: int, shard: int) -> str:
+        key = i if self.keys is None else int(self.keys[i])
+        return (
+            f"{self._shard_paths[shard]} key {key} sample {i} (offset {int(self.offsets[i])})"
+            f"{self._source(i)}"
+        )
+
+    def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
+        try:
+            payload, _ = read_record_at(self._handle(shard), int(self.offsets[i]))
+            header, header_label, image = unpack_image_record(payload)
+        except RecordIOError as exc:
+            raise RecordError(f"{self._where(i, shard)}: {exc}") from exc
+        except OSError as exc:
+            raise RecordError(f"{self._where(i, shard)}: read failed ({exc})") from exc
+        if self.index is not None:
+            if header.id != i:
+                raise RecordError(
+                    f"{self._where(i, shard)}: the record's header id is {header.id}; the index "
+                    "points at another record"
+                )
+            if self.verify_crc:
+                crc = zlib.crc32(image)
+                if crc != int(self.index.crc32[i]):
+                    raise RecordError(
+                        f"{self._where(i, shard)}: CRC-32 {crc:08x} does not match the index "
+                        f"({int(self.index.crc32[i]):08x})"
+                    )
+            label: Any = self.index.labels[i]
+        else:
+            label = header_label
+        if as_bytes or self.decode == "bytes":
+            return bytes(image), label
+        try:
+            return decode_image(image, self.decode), label
+        except ValueError as exc:
+            raise RecordError(f"{self._where(i, shard)}: cannot decode ({exc})") from exc
+
+
+_CLASS_OF = {"lmdb": "LmdbDataset", "recordio": "RecordIODataset"}
+
+
+def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> LmdbDataset | RecordIODataset:
+    """Open whatever dataset is at `path`.
+
+    Accepts a directory written by ``packer build`` (LMDB or RecordIO), a bare LMDB in the
+    PaddleOCR layout, or a bare MXNet ``.rec`` (with its ``.idx``; the path of the ``.rec``,
+    of the ``.idx``, their prefix, or a folder holding one ``.rec``). Keyword arguments go to
+    the dataset class.
+
+    Raises:
+        DatasetFormatError: `path` is none of these; the message says what was found.
+    """
     root = Path(path)
     if (root / META_NAME).exists():
         fmt = json_format(root)
         if fmt == "lmdb":
             return LmdbDataset(root, **kwargs)
+        if fmt == "recordio":
+            return RecordIODataset(root, **kwargs)
         raise DatasetFormatError(f"{root}: format {fmt!r} is not readable by this version")
     if (root / DATA_FILE).exists():
         return LmdbDataset(root, **kwargs)
-    found = sorted(p.name for p in root.iterdir())[:10] if root.is_dir() else []
-    raise DatasetFormatError(
-        f"{root}: not a dataset packer can open: expected {META_NAME} (packer build output) or "
-        f"{DATA_FILE} (a bare LMDB); found {found if root.is_dir() else 'no directory'}"
+    if find_recordio_pair(root) is not None:
+        return RecordIODataset(root, **kwargs)
+    expected = (
+        f"expected {META_NAME} (packer build output), {DATA_FILE} (a bare LMDB) or a "
+        f"{REC_SUFFIX} file (with its {IDX_SUFFIX})"
     )
+    if root.is_dir():
+        names = sorted(p.name for p in root.iterdir())
+        recs = [n for n in names if n.endswith(REC_SUFFIX)]
+        if len(recs) > 1:
+            found = f"{len(recs)} {REC_SUFFIX} files {recs[:10]}; name the one to open"
+        else:
+            found = f"{names[:10]}" + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    elif root.is_file():
+        found = (
+            f"a {IDX_SUFFIX} without its {REC_SUFFIX}"
+            if root.suffix == IDX_SUFFIX
+            else "a file that is neither a directory nor a .rec"
+        )
+    else:
+        found = "nothing at that path"
+    raise DatasetFormatError(f"{root}: not a dataset packer can open: {expected}; found {found}")
 
 
 def json_format(root: Path) -> str:

@@ -1,5 +1,7 @@
 """One read-only handle per shard per process, never used across ``fork``.
 
+Handles are LMDB environments and read-only ``mmap`` mappings of RecordIO files.
+
 py-lmdb refuses to open the same environment twice in one process, and refuses to reopen one
 whose handle was inherited through ``fork`` while that handle is still registered. So every
 dataset object in a process shares the handles kept here, and a forked child closes the
@@ -9,6 +11,7 @@ inherited ones (its own copies of the parent's mappings) before it opens anythin
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -66,6 +69,28 @@ def open_lmdb_readonly(path: str) -> Any:
 def shared_lmdb(path: str) -> Any:
     """The process's read-only LMDB environment for the shard directory `path`."""
     return shared_handle("lmdb", path, open_lmdb_readonly)
+
+
+def open_mmap_readonly(path: str) -> mmap.mmap | bytes:
+    """Map a file read-only (``b""`` for an empty file, which cannot be mapped).
+
+    The descriptor is closed at once; the mapping keeps the file's pages reachable.
+    """
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def shared_mmap(path: str) -> mmap.mmap | bytes:
+    """The process's read-only mapping of the file `path` (a RecordIO ``.rec``).
+
+    The file's identity and size are part of the key, so a file replaced or rewritten since
+    it was first mapped (a rebuild with ``--overwrite``) is mapped afresh, not read stale.
+    """
+    st = os.stat(path)
+    kind = f"mmap:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    return shared_handle(kind, path, open_mmap_readonly)  # type: ignore[no-any-return]
 
 
 def close_all() -> None:

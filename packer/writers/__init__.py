@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from packer.writers.base import DatasetWriter, ShardWriter
 from packer.writers.lmdb import LmdbShardWriter
+from packer.writers.recordio import RecordIOShardWriter
 
-WRITERS: dict[str, type[ShardWriter]] = {"lmdb": LmdbShardWriter}
+WRITERS: dict[str, type[ShardWriter]] = {
+    "lmdb": LmdbShardWriter,
+    "recordio": RecordIOShardWriter,
+}
 
-__all__ = ["WRITERS", "DatasetWriter", "LmdbShardWriter", "ShardWriter"]
+__all__ = ["WRITERS", "DatasetWriter", "LmdbShardWriter", "RecordIOShardWriter", "ShardWriter"]
