@@ -18,8 +18,8 @@ from packer import __version__
 from packer.config import BuildConfig
 from packer.encode import Record, prepare
 from packer.errors import InputError, OutputExistsError, PackerError
-from packer.labels import Entry, plan_labels
-from packer.problems import Problem
+from packer.labels import NO_LABEL_MESSAGE, Entry, plan_labels
+from packer.problems import NO_LABEL, Problem
 from packer.writers import WRITERS, DatasetWriter
 from packer.writers.base import fsync_path
 from packer.writers.lmdb import lmdb_versions
@@ -149,7 +149,9 @@ def build(
     try:
         with _progress(len(plan.entries), cfg.progress) as bar:
             last = time.perf_counter()
-            for item in _prepared(plan.entries, cfg):
+            for entry, item in zip(plan.entries, _prepared(plan.entries, cfg), strict=True):
+                if not entry.labelled and isinstance(item, Record):
+                    item = Problem(item.rel, NO_LABEL, NO_LABEL_MESSAGE)
                 if cfg.format == "recordio" and isinstance(item, Record):
                     item = oversize_problem(item) or item
                 if isinstance(item, Problem):
