@@ -33,9 +33,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         summary["width"] = [int(width.min()), int(width.max())]
         summary["height"] = [int(height.min()), int(height.max())]
         summary["channels"] = dict(sorted(Counter(map(int, index.extra["channels"])).items()))
-        summary["image_formats"] = dict(
-            sorted(Counter(index.extra["format"].to_pylist()).items())
-        )
+        summary["image_formats"] = dict(sorted(Counter(index.extra["format"].to_pylist()).items()))
     classes = meta.get("classes")
     ints = index.labels.as_ints()
     if ints is not None:
@@ -67,9 +65,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"height {s['height'][0]}..{s['height'][1]}, channels "
             + ", ".join(f"{k}: {v}" for k, v in s["channels"].items())
         )
-        lines.append(
-            "  formats:  " + ", ".join(f"{k} {v}" for k, v in s["image_formats"].items())
-        )
+        lines.append("  formats:  " + ", ".join(f"{k} {v}" for k, v in s["image_formats"].items()))
     lines.append(f"  labels:   from {s['label_source']}; skipped inputs: {s['num_errors']}")
     labels = s["labels"]
     if "kind" in labels:

@@ -13,8 +13,22 @@ from readers.formats.images import IMAGE_EXTENSIONS
 
 # Label and metadata files that live beside images; never reported as "not an image".
 METADATA_EXTENSIONS = frozenset(
-    {".txt", ".json", ".jsonl", ".csv", ".tsv", ".lst", ".md", ".xml", ".yaml", ".yml",
-     ".idx", ".rec", ".mdb", ".parquet"}
+    {
+        ".txt",
+        ".json",
+        ".jsonl",
+        ".csv",
+        ".tsv",
+        ".lst",
+        ".md",
+        ".xml",
+        ".yaml",
+        ".yml",
+        ".idx",
+        ".rec",
+        ".mdb",
+        ".parquet",
+    }
 )
 
 

@@ -71,9 +71,14 @@ class Labels:
 
     def __post_init__(self) -> None:
         ints = self.ints
-        if ints is not None and ints.size and ints.dtype != np.int32:
-            if -(2**31) <= int(ints.min()) and int(ints.max()) < 2**31:
-                self.ints = ints.astype(np.int32)  # class ids: half the memory
+        if (
+            ints is not None
+            and ints.size
+            and ints.dtype != np.int32
+            and int(ints.min()) >= -(2**31)
+            and int(ints.max()) < 2**31
+        ):
+            self.ints = ints.astype(np.int32)  # class ids: half the memory
 
     def as_ints(self) -> np.ndarray | None:
         """The int labels as an array, or None when labels are not all ints."""
@@ -126,10 +131,12 @@ def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
     except ValueError as exc:
         raise DatasetFormatError(f"{path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise DatasetFormatError(f"{path}: cannot read ({exc})") from exc
     for key in ("format", "version", "num_samples", "shards"):
         if key not in meta:
             raise DatasetFormatError(f"{path}: field {key!r} is missing")
@@ -166,7 +173,9 @@ def _labels_from_texts(texts: list[str]) -> Labels:
     return Labels("json", texts=pa.array(texts, type=pa.large_string()))
 
 
-def _load_jsonl(root: Path, extra: tuple[str, ...]) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
+def _load_jsonl(
+    root: Path, extra: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
     path = root / INDEX_NAME
     nbytes: list[int] = []
     crc: list[int] = []
@@ -174,7 +183,7 @@ def _load_jsonl(root: Path, extra: tuple[str, ...]) -> tuple[dict[str, np.ndarra
     label_texts: list[str] = []
     extras: dict[str, list[Any]] = {name: [] for name in extra}
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
     with f:
@@ -197,7 +206,7 @@ def _load_jsonl(root: Path, extra: tuple[str, ...]) -> tuple[dict[str, np.ndarra
                     extras[name].append(row.get(name))
             except (ValueError, KeyError, TypeError) as exc:
                 raise DatasetFormatError(f"{path}:{n + 1}: bad index line ({exc!r})") from exc
-    cols = {
+    cols: dict[str, np.ndarray] = {
         "nbytes": np.asarray(nbytes, dtype=np.uint32),
         "crc32": np.asarray(crc, dtype=np.uint32),
         "offset": np.asarray(offset, dtype=np.int64),
@@ -280,9 +289,7 @@ def _columns_from_table(
     extra_cols: dict[str, Any] = {}
     for name in extra:
         column = table.column(name).combine_chunks()
-        extra_cols[name] = (
-            column if name in ("path", "format") else column.fill_null(-1).to_numpy()
-        )
+        extra_cols[name] = column if name in ("path", "format") else column.fill_null(-1).to_numpy()
     return cols, labels, extra_cols
 
 

@@ -45,28 +45,32 @@ def write_synthetic(root: Path, n: int) -> None:
         step = 200_000
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            f.write("".join(
-                f'{{"id":{i},"path":"c{labels[i]}/img_{i:08d}.jpg","label":{labels[i]},'
-                f'"shard":0,"key":"image-{i + 1:09d}","nbytes":{nbytes[i]},"width":64,'
-                f'"height":64,"channels":3,"format":"jpeg","crc32":{crc[i]}}}\n'
-                for i in range(lo, hi)
-            ))
+            f.write(
+                "".join(
+                    f'{{"id":{i},"path":"c{labels[i]}/img_{i:08d}.jpg","label":{labels[i]},'
+                    f'"shard":0,"key":"image-{i + 1:09d}","nbytes":{nbytes[i]},"width":64,'
+                    f'"height":64,"channels":3,"format":"jpeg","crc32":{crc[i]}}}\n'
+                    for i in range(lo, hi)
+                )
+            )
     ids = np.arange(n, dtype=np.int64)
-    table = pa.table({
-        "id": ids,
-        "path": pa.array([f"c{labels[i]}/img_{i:08d}.jpg" for i in range(n)]),
-        "label_json": pa.array(labels.astype(str)),
-        "label_int": labels.astype(np.int64),
-        "shard": np.zeros(n, np.int32),
-        "key": pa.array([f"image-{i + 1:09d}" for i in range(n)]),
-        "offset": pa.nulls(n, pa.int64()),
-        "nbytes": nbytes.astype(np.int64),
-        "width": np.full(n, 64, np.int32),
-        "height": np.full(n, 64, np.int32),
-        "channels": np.full(n, 3, np.int32),
-        "format": pa.array(["jpeg"] * n),
-        "crc32": crc.astype(np.uint32),
-    })
+    table = pa.table(
+        {
+            "id": ids,
+            "path": pa.array([f"c{labels[i]}/img_{i:08d}.jpg" for i in range(n)]),
+            "label_json": pa.array(labels.astype(str)),
+            "label_int": labels.astype(np.int64),
+            "shard": np.zeros(n, np.int32),
+            "key": pa.array([f"image-{i + 1:09d}" for i in range(n)]),
+            "offset": pa.nulls(n, pa.int64()),
+            "nbytes": nbytes.astype(np.int64),
+            "width": np.full(n, 64, np.int32),
+            "height": np.full(n, 64, np.int32),
+            "channels": np.full(n, 3, np.int32),
+            "format": pa.array(["jpeg"] * n),
+            "crc32": crc.astype(np.uint32),
+        }
+    )
     pq.write_table(table, root / "index.parquet", row_group_size=1 << 20)
     del table
     # one real shard holding `n` keys would take minutes to write; the reads in the
@@ -79,9 +83,14 @@ def write_synthetic(root: Path, n: int) -> None:
         txn.put(NUM_SAMPLES_KEY, str(n).encode())
     env.close()
     meta = {
-        "format": "lmdb", "version": 1, "num_samples": n, "num_shards": 1,
+        "format": "lmdb",
+        "version": 1,
+        "num_samples": n,
+        "num_shards": 1,
         "shards": [{"name": "shard-00000", "first": 0, "count": n, "bytes": int(nbytes.sum())}],
-        "classes": None, "label_source": "synthetic", "label_kind": "int",
+        "classes": None,
+        "label_source": "synthetic",
+        "label_kind": "int",
         "index_fingerprint": fingerprint(root / "index.jsonl"),
     }
     (root / "meta.json").write_text(json.dumps(meta))
@@ -142,8 +151,12 @@ print(json.dumps({"open_s": opened, "bytes_per_sample": (after - before) / n,
 
 def measure(root: Path) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root)], check=True, capture_output=True, text=True,
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-c", CHILD, str(root)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -158,8 +171,10 @@ def main() -> None:
         root = Path(tmp) / "synthetic.lmdb"
         t = time.perf_counter()
         write_synthetic(root, args.samples)
-        print(f"wrote a {args.samples:,}-sample index in {time.perf_counter() - t:.0f} s",
-              file=sys.stderr)
+        print(
+            f"wrote a {args.samples:,}-sample index in {time.perf_counter() - t:.0f} s",
+            file=sys.stderr,
+        )
         runs = [measure(root) for _ in range(args.runs)]
     open_s = statistics.median(r["open_s"] for r in runs)  # type: ignore[misc]
     per_sample = statistics.median(r["bytes_per_sample"] for r in runs)  # type: ignore[misc]

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 
 warnings.filterwarnings("ignore", message="No ccache found")
-import paddle  # noqa: E402
+import paddle
 
 from readers import LmdbDataset
 
@@ -85,8 +85,9 @@ def main() -> None:
     paddle.set_device("cpu")
     packed = LmdbDataset(args.packed)
     image, label = packed[0]
-    print(f"LmdbDataset: {len(packed)} samples; sample 0: {image.shape} {image.dtype}, "
-          f"label {label}")
+    print(
+        f"LmdbDataset: {len(packed)} samples; sample 0: {image.shape} {image.dtype}, label {label}"
+    )
     rates = {}
     for name, ds, root in (
         ("LmdbDataset", packed, args.packed),
@@ -97,13 +98,16 @@ def main() -> None:
             ds, workers=args.workers, epochs=args.epochs, before_epoch=lambda r=root: evict(r)
         )
         rates[name] = (warm, cold)
-    print(f"DataLoader(batch_size=64, num_workers={args.workers}) on {os.cpu_count()} cores, "
-          f"median of {args.epochs} epochs (cold: page cache dropped before each epoch):")
+    print(
+        f"DataLoader(batch_size=64, num_workers={args.workers}) on {os.cpu_count()} cores, "
+        f"median of {args.epochs} epochs (cold: page cache dropped before each epoch):"
+    )
     print(f"  {'':14}{'warm':>10}{'cold':>10}  samples/s")
     for name, (warm, cold) in rates.items():
         print(f"  {name:14}{warm:10.0f}{cold:10.0f}")
     (lw, lc), (fw, fc) = rates["LmdbDataset"], rates["loose files"]
     print(f"  {'ratio':14}{lw / fw:9.2f}x{lc / fc:9.2f}x")
+
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,16 @@ import cv2
 import numpy as np
 
 CLASSES = (
-    "circle", "square", "triangle", "cross", "ring",
-    "hbars", "vbars", "diagonal", "dots", "star",
+    "circle",
+    "square",
+    "triangle",
+    "cross",
+    "ring",
+    "hbars",
+    "vbars",
+    "diagonal",
+    "dots",
+    "star",
 )
 
 

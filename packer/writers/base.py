@@ -7,6 +7,7 @@ columnar copy ``index.parquet``) line by line so memory stays flat whatever the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -89,7 +90,8 @@ class DatasetWriter:
         self._shard: ShardWriter | None = None
         self._shard_bytes = 0
         self._shard_count = 0
-        self._index = open(root / INDEX_NAME, "w", encoding="utf-8", newline="\n")
+        # open for the writer's whole life; closed in close() or abort()
+        self._index = open(root / INDEX_NAME, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
         self._index_hash = hashlib.sha256()
         self._rows: list[dict[str, Any]] = []
         self._parquet = pq.ParquetWriter(root / INDEX_COLUMNAR_NAME, _PARQUET_SCHEMA)
@@ -108,8 +110,9 @@ class DatasetWriter:
         if self._shard is None:
             return
         file_bytes = self._shard.close()
-        self.shards[-1].update(count=self._shard_count, bytes=self._shard_bytes,
-                               file_bytes=file_bytes)
+        self.shards[-1].update(
+            count=self._shard_count, bytes=self._shard_bytes, file_bytes=file_bytes
+        )
         self._shard = None
 
     def add(self, record: Record) -> dict[str, Any]:
@@ -204,7 +207,5 @@ class DatasetWriter:
             self._shard.abort()
             self._shard = None
         self._index.close()
-        try:
+        with contextlib.suppress(Exception):
             self._parquet.close()
-        except Exception:  # noqa: BLE001 - best effort on the way out of a failed build
-            pass

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 # Extensions that name images; used only to decide which files are worth opening.
 IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".webp", ".tif", ".tiff", ".pbm",
-     ".pgm", ".ppm"}
+    {
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".png",
+        ".bmp",
+        ".dib",
+        ".webp",
+        ".tif",
+        ".tiff",
+        ".pbm",
+        ".pgm",
+        ".ppm",
+    }
 )
 
 SNIFF_BYTES = 16

@@ -41,13 +41,16 @@ def test_round_trip_bytes_labels_and_index(tree, tmp_path):
     src, files = tree
     out = tmp_path / "out.lmdb"
     summary = build(BuildConfig(src=src, out=out))
-    assert summary.packed == len(files) and summary.skipped == 0
+    assert summary.packed == len(files)
+    assert summary.skipped == 0
 
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["format"] == "lmdb" and meta["version"] == 1
+    assert meta["format"] == "lmdb"
+    assert meta["version"] == 1
     assert meta["classes"] == ["cat", "dog", "eel"]
     assert meta["num_samples"] == len(files) == meta["shards"][0]["count"]
-    assert meta["label_source"] == "dirname" and meta["source"] == str(src)
+    assert meta["label_source"] == "dirname"
+    assert meta["source"] == str(src)
     assert meta["writer"]["lmdb"].startswith("0.9")
     for field in ("options", "created", "tool_version", "num_shards"):
         assert field in meta
@@ -80,7 +83,7 @@ def test_no_decode_check_measures_from_headers(tree, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     build(BuildConfig(src=src, out=a))
     build(BuildConfig(src=src, out=b, decode_check=False))
-    strip = [{k: v for k, v in r.items()} for r in rows(a)]
+    strip = [dict(r.items()) for r in rows(a)]
     assert strip == rows(b)
 
 
@@ -94,7 +97,8 @@ def test_shards_roll_over_by_size(tmp_path):
     assert meta["num_shards"] >= 5
     first = 0
     for n, shard in enumerate(meta["shards"]):
-        assert shard["name"] == f"shard-{n:05d}" and shard["first"] == first
+        assert shard["name"] == f"shard-{n:05d}"
+        assert shard["first"] == first
         assert shard["bytes"] <= shard_size or shard["count"] == 1
         kv = read_shard(out / shard["name"])
         assert kv[NUM_SAMPLES_KEY] == str(shard["count"]).encode()
@@ -113,7 +117,7 @@ def test_map_grows_on_demand_and_file_is_not_sparse(tmp_path, monkeypatch):
     (src / "x").mkdir(parents=True)
     for i in range(6):  # ~190 KB of incompressible PNG each
         image = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
-        ok, buf = cv2.imencode(".png", image)
+        _ok, buf = cv2.imencode(".png", image)
         (src / "x" / f"{i}.png").write_bytes(buf.tobytes())
     monkeypatch.setattr(LmdbShardWriter, "initial_map_size", 64 * 1024)
     out = tmp_path / "out"
@@ -160,7 +164,8 @@ def test_bad_inputs_are_skipped_and_reported(tree, tmp_path):
         "eel/loop": "symlink_loop",
         "eel/escape": "outside_src",
     }
-    assert summary.packed == len(files) and summary.skipped == len(reasons)
+    assert summary.packed == len(files)
+    assert summary.skipped == len(reasons)
     assert sorted(r["path"] for r in rows(out)) == sorted(files)
 
 
@@ -203,7 +208,8 @@ def test_failure_mid_build_leaves_no_out(tree, tmp_path, monkeypatch):
     monkeypatch.setattr(LmdbShardWriter, "write", failing)
     with pytest.raises(OSError, match="No space"):
         build(BuildConfig(src=src, out=out))
-    assert not out.exists() and not temp_dir_for(out).exists()
+    assert not out.exists()
+    assert not temp_dir_for(out).exists()
 
 
 def test_kill_9_leaves_no_out(tmp_path):
@@ -211,8 +217,18 @@ def test_kill_9_leaves_no_out(tmp_path):
     write_tree(src, {"a": 400, "b": 400})
     out = tmp_path / "out.lmdb"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "packer.cli", "build", str(src), str(out), "--workers", "1",
-         "--shard-size", "20KB"],
+        [
+            sys.executable,
+            "-m",
+            "packer.cli",
+            "build",
+            str(src),
+            str(out),
+            "--workers",
+            "1",
+            "--shard-size",
+            "20KB",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -230,7 +246,7 @@ def test_kill_9_leaves_no_out(tmp_path):
 
 
 def test_list_file_labels_and_refusals(tree, tmp_path):
-    src, files = tree
+    src, _files = tree
     listing = tmp_path / "train.txt"
     listing.write_text(
         "cat/img_000.png\thello world\n"
@@ -256,7 +272,8 @@ def test_list_file_labels_and_refusals(tree, tmp_path):
     kv = read_shard(out / "shard-00000")
     assert kv[label_key(1)] == b"hello world"
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["label_source"] == f"list:{listing}" and meta["classes"] is None
+    assert meta["label_source"] == f"list:{listing}"
+    assert meta["classes"] is None
 
 
 def test_labels_none_and_auto_without_folders(tmp_path):
@@ -275,7 +292,7 @@ def test_nothing_packable_is_an_error(tmp_path):
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
     (src / "a" / "x.png").write_bytes(b"")
-    with pytest.raises(PackerError, match="no image .* could be packed"):
+    with pytest.raises(PackerError, match=r"no image .* could be packed"):
         build(BuildConfig(src=src, out=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 

@@ -16,15 +16,18 @@ def test_build_verify_info(tree, tmp_path):
     out = tmp_path / "out.lmdb"
     result = runner.invoke(app, ["build", str(src), str(out), "--workers", "2"])
     assert result.exit_code == 0, result.output
-    assert f"packed {len(files)} images" in result.output and "skipped 0" in result.output
+    assert f"packed {len(files)} images" in result.output
+    assert "skipped 0" in result.output
 
     result = runner.invoke(app, ["verify", str(out), "--deep"])
-    assert result.exit_code == 0 and "OK (deep)" in result.output
+    assert result.exit_code == 0
+    assert "OK (deep)" in result.output
 
     result = runner.invoke(app, ["info", str(out)])
     assert result.exit_code == 0
     assert f"{len(files)} samples in 1 shard" in result.output
-    assert "cat" in result.output and "jpeg" in result.output
+    assert "cat" in result.output
+    assert "jpeg" in result.output
 
     result = runner.invoke(app, ["info", str(out), "--json"])
     summary = json.loads(result.output)

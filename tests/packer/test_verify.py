@@ -70,7 +70,8 @@ def test_wrong_label_and_edited_index(packed):
     out, _ = packed
     rewrite(out, lambda txn: txn.put(b"label-000000001", b"2"))
     problems = verify(out)
-    assert len(problems) == 1 and "stored label b'2' differs from the index label 0" in problems[0]
+    assert len(problems) == 1
+    assert "stored label b'2' differs from the index label 0" in problems[0]
 
     rows = (out / "index.jsonl").read_text().splitlines()
     row = json.loads(rows[4])

@@ -31,7 +31,8 @@ def test_parquet_and_jsonl_load_the_same_columns(packed):
     rows = lines(packed)
     for index in (a, b):
         assert len(index) == len(rows)
-        assert index.crc32.dtype == np.uint32 and index.nbytes.dtype == np.uint32
+        assert index.crc32.dtype == np.uint32
+        assert index.nbytes.dtype == np.uint32
         assert index.crc32.tolist() == [r["crc32"] for r in rows]
         assert index.nbytes.tolist() == [r["nbytes"] for r in rows]
         assert index.labels.kind == "int"
@@ -79,5 +80,5 @@ def test_torn_last_line_and_count_mismatch(packed):
 
 
 def test_missing_meta(tmp_path):
-    with pytest.raises(DatasetFormatError, match="meta.json: not found"):
+    with pytest.raises(DatasetFormatError, match=r"meta\.json: not found"):
         load_index(tmp_path)

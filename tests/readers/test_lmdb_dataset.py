@@ -48,7 +48,8 @@ def test_decode_modes_match_opencv(packed):
             if expected.ndim == 2:
                 expected = expected[:, :, None]
             image, label = ds[i]
-            assert image.dtype == np.uint8 and image.ndim == 3
+            assert image.dtype == np.uint8
+            assert image.ndim == 3
             np.testing.assert_array_equal(image, expected)
             assert label == ["cat", "dog", "eel"].index(rel.split("/")[0])
     raw = LmdbDataset(out, decode="bytes")
@@ -107,8 +108,11 @@ def test_corrupt_record_names_shard_key_and_source(packed):
     blob[at + len(target) // 2] ^= 0xFF
     data.write_bytes(bytes(blob))
     ds = LmdbDataset(out, decode="bytes", verify_crc=True)
-    with pytest.raises(RecordError, match=r"shard-00000 key image-000000001 sample 0 "
-                       r"\(source cat/img_000\.png\): CRC-32"):
+    with pytest.raises(
+        RecordError,
+        match=r"shard-00000 key image-000000001 sample 0 "
+        r"\(source cat/img_000\.png\): CRC-32",
+    ):
         ds[0]
     assert LmdbDataset(out, decode="bytes", verify_crc=True)[1][0] == files[source_order(files)[1]]
 
@@ -130,7 +134,8 @@ def test_bare_paddleocr_lmdb(tmp_path):
     bare = tmp_path / "bare"
     write_bare_lmdb(bare, images, ["hello", "wörld", "a b c"])
     ds = open_dataset(bare)
-    assert isinstance(ds, LmdbDataset) and len(ds) == 3
+    assert isinstance(ds, LmdbDataset)
+    assert len(ds) == 3
     assert [ds[i][1] for i in range(3)] == ["hello", "wörld", "a b c"]
     assert LmdbDataset(bare, decode="bytes")[1][0] == images[1]
     assert ds.labels is None
@@ -152,7 +157,7 @@ def test_missing_key_is_a_record_error(packed):
     with env.begin(write=True) as txn:
         txn.delete(b"image-000000003")
     env.close()
-    with pytest.raises(RecordError, match="image-000000003 sample 2 .*missing"):
+    with pytest.raises(RecordError, match=r"image-000000003 sample 2 .*missing"):
         LmdbDataset(out)[2]
 
 
@@ -165,7 +170,7 @@ def test_dataloader_reads_every_sample(tmp_path, workers):
         (src / cls).mkdir(parents=True)
         for i in range(20):
             image = rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)
-            ok, buf = cv2.imencode(".png", image)
+            _ok, buf = cv2.imencode(".png", image)
             (src / cls / f"{i:02d}.png").write_bytes(buf.tobytes())
             expected[(cls, i)] = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     out = tmp_path / "out"
