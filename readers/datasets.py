@@ -222,26 +222,13 @@ class LmdbDataset(_ShardedDataset):
         return self._handle(shard)
 
     def _byte_range(self, shard: int, lo: int, hi: int) -> tuple[str, int, int] | None:
-        # LMDB does not say where a value lives in the file, but with buffers=True a value is
-        # a view into the map: its address minus the map's base is its file offset. Looking
-        # the keys up touches only B-tree pages, not the values themselves.
-        env = self._env(shard)
-        base = handles.lmdb_map_base(self._shard_paths[shard])
-        if base is None:
+        # Where LMDB keeps a value is known only from the offsets recorded at build time
+        # (index.parquet): looking a value up through LMDB reads all of its pages.
+        if self.index is None or self.index.offset is None:
             return None
-        first = int(self.shard_bounds[shard])
-        begin, end = None, 0
-        with env.begin(buffers=True) as txn:
-            for local in range(lo - first + 1, hi - first + 1):
-                value = txn.get(image_key(local))
-                if value is None or len(value) == 0:
-                    continue
-                address = np.frombuffer(value, np.uint8).ctypes.data - base
-                begin = address if begin is None else min(begin, address)
-                end = max(end, address + len(value))
-        if begin is None:
-            return None
-        return os.path.join(self._shard_paths[shard], DATA_FILE), begin, end
+        begin = self.index.offset[lo:hi]
+        end = begin.astype(np.int64) + self.index.nbytes[lo:hi]
+        return os.path.join(self._shard_paths[shard], DATA_FILE), int(begin.min()), int(end.max())
 
     def _where(self, i: int, shard: int, key: bytes) -> str:
         return f"{self._shard_paths[shard]} key {key.decode()} sample {i}{self._source(i)}"

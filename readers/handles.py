@@ -93,42 +93,6 @@ def shared_mmap(path: str) -> mmap.mmap | bytes:
     return shared_handle(kind, path, open_mmap_readonly)  # type: ignore[no-any-return]
 
 
-def lmdb_map_base(path: str) -> int | None:
-    """The address at which this process maps the shard ``path``'s data file, or None.
-
-    LMDB does not report it (``info()["map_addr"]`` is 0 unless the map is fixed), so it is
-    read from ``/proc/self/maps`` once per shard, after the environment is open.
-    """
-    data = os.path.join(path, "data.mdb")
-    key = ("map_base", os.path.realpath(data))
-    if key in _handles:
-        return int(_handles[key].value)
-    st = os.stat(data)
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                if len(fields) >= 5 and int(fields[4]) == st.st_ino and int(fields[2], 16) == 0:
-                    major, minor = (int(x, 16) for x in fields[3].split(":"))
-                    if os.makedev(major, minor) == st.st_dev:
-                        base = _Value(int(fields[0].split("-")[0], 16))
-                        _handles[key] = base
-                        return base.value
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-class _Value:
-    """A plain value kept among the handles so that it is dropped with them at fork."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def close(self) -> None:
-        pass
-
-
 class _Fd:
     """A read-only file descriptor that closes like the other handles."""
 

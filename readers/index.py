@@ -250,9 +250,9 @@ def _load_parquet(
                 stacklevel=3,
             )
             return None
-        wanted = ["nbytes", "crc32", *extra]
-        if meta["format"] == "recordio":
-            wanted.append("offset")
+        # offsets: where each record starts in its RecordIO file, or where its image bytes
+        # start in the LMDB data file (for page-cache hints; written by packer >= 0.1)
+        wanted = ["nbytes", "crc32", "offset", *extra]
         wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
         table = pq.read_table(pq_path, columns=wanted)
     except (OSError, ValueError, KeyError) as exc:
@@ -318,7 +318,13 @@ def load_index(
             f"{root / INDEX_NAME}: {len(cols['nbytes'])} lines but {META_NAME} says "
             f"num_samples = {meta['num_samples']}"
         )
-    offset = cols["offset"] if meta["format"] == "recordio" else None
+    offset: np.ndarray | None = cols["offset"]
+    if meta["format"] != "recordio":
+        # LMDB: optional, and only from index.parquet; None unless known for every record
+        if offset is None or len(offset) != len(cols["nbytes"]) or (offset < 0).any():
+            offset = None
+        elif len(offset) and int(offset.max()) < 2**32:
+            offset = offset.astype(np.uint32)
     return DatasetIndex(
         root=root,
         meta=meta,

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -54,6 +55,9 @@ class ShardWriter(ABC):
     """Writes the records of one shard; subclasses define the byte layout."""
 
     format: ClassVar[str]
+    # True when record offsets are known only once the shard is closed (LMDB): the dataset
+    # writer then holds the shard's index.parquet rows until record_offsets() can fill them.
+    late_offsets: ClassVar[bool] = False
 
     def __init__(self, base: Path) -> None:
         """`base` is the shard's path without suffix, e.g. ``OUT/shard-00000``."""
@@ -74,6 +78,10 @@ class ShardWriter(ABC):
     @abstractmethod
     def files(self) -> list[Path]:
         """The files this shard consists of."""
+
+    def record_offsets(self) -> np.ndarray | None:
+        """After close(): each record's byte offset in its file, when only then known."""
+        return None
 
 
 class DatasetWriter:
@@ -110,6 +118,12 @@ class DatasetWriter:
         if self._shard is None:
             return
         file_bytes = self._shard.close()
+        offsets = self._shard.record_offsets()
+        if offsets is not None:
+            rows = self._rows[len(self._rows) - self._shard_count :]
+            for row, offset in zip(rows, offsets.tolist(), strict=True):
+                row["offset"] = offset
+        self._flush_rows()
         self.shards[-1].update(
             count=self._shard_count, bytes=self._shard_bytes, file_bytes=file_bytes
         )
@@ -170,7 +184,7 @@ class DatasetWriter:
                 "offset": row.get("offset"),
             }
         )
-        if len(self._rows) >= _ROW_GROUP:
+        if len(self._rows) >= _ROW_GROUP and not self.shard_cls.late_offsets:
             self._flush_rows()
 
     def _flush_rows(self) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from packer.encode import Record
 from packer.writers.base import ShardWriter, fsync_path
@@ -48,6 +49,41 @@ def open_lmdb_for_writing(path: str, map_size: int) -> Any:
     )
 
 
+def _map_base(data_file: str) -> int:
+    """The address at which this process maps `data_file` (from /proc/self/maps)."""
+    st = os.stat(data_file)
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) >= 5 and fields[4] == str(st.st_ino) and int(fields[2], 16) == 0:
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                if os.makedev(major, minor) == st.st_dev:
+                    return int(fields[0].split("-")[0], 16)
+    raise OSError(f"{data_file} is not mapped by this process")
+
+
+def value_offsets(path: str, count: int) -> np.ndarray | None:
+    """The file offset of the image of each record 1..count of the shard at `path`.
+
+    LMDB does not say where a value lives, but a value read with ``buffers=True`` is a view
+    into the map, so its address minus the map's base is its offset in ``data.mdb``.  Read
+    right after the shard is written, from the page cache.  None where /proc is not there.
+    """
+    env = lmdb.open(path, readonly=True, lock=False, subdir=True, create=False)
+    try:
+        base = _map_base(os.path.join(path, DATA_FILE))
+        offsets = np.empty(count, dtype=np.int64)
+        with env.begin(buffers=True) as txn:
+            for local in range(1, count + 1):
+                value = txn.get(image_key(local))
+                offsets[local - 1] = np.frombuffer(value, np.uint8).ctypes.data - base
+        return offsets
+    except OSError:
+        return None
+    finally:
+        env.close()
+
+
 class LmdbShardWriter(ShardWriter):
     """One LMDB environment ``shard-NNNNN/``.
 
@@ -58,6 +94,7 @@ class LmdbShardWriter(ShardWriter):
     """
 
     format = "lmdb"
+    late_offsets = True
     initial_map_size = 256 << 20
 
     def __init__(self, base: Path) -> None:
@@ -67,6 +104,7 @@ class LmdbShardWriter(ShardWriter):
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self.count = 0
+        self._offsets: np.ndarray | None = None
 
     def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
         key = image_key(local)
@@ -102,7 +140,11 @@ class LmdbShardWriter(ShardWriter):
             if (self.base / name).exists():
                 fsync_path(self.base / name)
         fsync_path(self.base)
+        self._offsets = value_offsets(str(self.base), self.count)
         return os.path.getsize(self.base / DATA_FILE)
+
+    def record_offsets(self) -> np.ndarray | None:
+        return self._offsets
 
     def abort(self) -> None:
         self.env.close()

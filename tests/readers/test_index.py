@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -39,7 +40,13 @@ def test_parquet_and_jsonl_load_the_same_columns(packed):
         assert [index.labels[i] for i in range(len(rows))] == [r["label"] for r in rows]
         assert index.extra["width"].tolist() == [r["width"] for r in rows]
         assert index.extra["path"].to_pylist() == [r["path"] for r in rows]
-        assert index.offset is None
+    # LMDB image offsets come only from index.parquet; each points at the image's bytes
+    assert b.offset is None
+    assert a.offset is not None
+    data = (packed / "shard-00000" / "data.mdb").read_bytes()
+    for i, row in enumerate(rows):
+        start = int(a.offset[i])
+        assert zlib.crc32(data[start : start + row["nbytes"]]) == row["crc32"]
     assert a.path_of(3) == rows[3]["path"]
 
 
