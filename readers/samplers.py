@@ -389,6 +389,9 @@ class ChunkShuffleSampler:
         self._num_selected = int(self._bounds[-1]) if self._ids is None else self._ids.size
         prefetch = getattr(dataset, "prefetch", None)
         self._prefetch = prefetch if callable(prefetch) else None
+        # hints run one shuffle block ahead of the reads, so the next block's chunks are
+        # on their way from disk while this block's samples are decoded
+        self._lookahead = self._chunk_size * max(1, self._window)
         self._epoch = 0
         self._offset = 0  # where the next pass starts (set by load_state_dict)
         self._pass: _Pass | None = None  # the latest pass, for state_dict()
@@ -492,11 +495,12 @@ class ChunkShuffleSampler:
                     p.done = j + 1
                     yield idx
             else:
-                nxt = int(p.entries[e]) if e < p.entries.size else -1
+                ahead = self._lookahead
+                nxt = int(p.entries[e]) - ahead if e < p.entries.size else -1
                 for j, idx in enumerate(p.ids[s:stop].tolist(), s):
-                    if j == nxt:
-                        e = self._prefetch_until(p, e, j + 1)
-                        nxt = int(p.entries[e]) if e < p.entries.size else -1
+                    if j >= nxt >= 0 or j == 0:
+                        e = self._prefetch_until(p, e, j + 1 + ahead)
+                        nxt = int(p.entries[e]) - ahead if e < p.entries.size else -1
                     p.done = j + 1
                     yield idx
         self._finish_pass(p)
@@ -512,7 +516,7 @@ class ChunkShuffleSampler:
         for s in range(0, end, batch_size):
             stop = min(s + batch_size, n)
             if self._prefetch is not None:
-                e = self._prefetch_until(p, e, stop)
+                e = self._prefetch_until(p, e, stop + self._lookahead)
             p.done = stop
             yield p.ids[s:stop].tolist()
         self._finish_pass(p)
