@@ -76,6 +76,8 @@ def value_offsets(path: str, count: int) -> np.ndarray | None:
         with env.begin(buffers=True) as txn:
             for local in range(1, count + 1):
                 value = txn.get(image_key(local))
+                if value is None:
+                    return None
                 offsets[local - 1] = np.frombuffer(value, np.uint8).ctypes.data - base
         return offsets
     except OSError:
