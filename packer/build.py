@@ -137,7 +137,13 @@ def build(
         say(f"removing the unfinished build {tmp} left by an interrupted run")
         shutil.rmtree(tmp)
 
-    plan = plan_labels(cfg.src, cfg.labels, exclude=(str(out), str(tmp)))
+    plan = plan_labels(
+        cfg.src,
+        cfg.label_specs,
+        exclude=(str(out), str(tmp)),
+        depth=cfg.label_depth,
+        class_map=cfg.class_map,
+    )
     found: list[Problem] = list(plan.problems)
     if found and cfg.on_error == "fail":
         first = found[0]
@@ -182,6 +188,7 @@ def build(
             "shards": writer.shards,
             "classes": plan.classes,
             "label_source": plan.source,
+            "class_map": plan.class_map,
             "label_kind": writer.label_kind,
             "source": str(cfg.src),
             "options": cfg.options(),

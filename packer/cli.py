@@ -37,12 +37,28 @@ def build(
         ),
     ] = "lmdb",
     labels: Annotated[
-        str,
+        list[str] | None,
         typer.Option(
-            help="auto (class folders when SRC has subfolders, else none), dirname, none, or "
-            "a list file of 'path<TAB>label' / 'path label' lines (paths relative to SRC)."
+            "--labels",
+            help="auto (class folders when SRC has subfolders, else none), dirname, sidecar "
+            "(a.jpg + a.txt/a.json), none, or a label file: 'path<TAB>label' / 'path label' "
+            "list (PaddleOCR, PaddleClas), MXNet .lst, .jsonl or .csv manifest with path and "
+            "label columns (paths relative to SRC). Repeat for several label files, merged.",
         ),
-    ] = "auto",
+    ] = None,
+    label_depth: Annotated[
+        int,
+        typer.Option(
+            help="With class folders: how many folder levels name the class (2: animals/cat)."
+        ),
+    ] = 1,
+    class_map: Annotated[
+        str | None,
+        typer.Option(
+            help="Map text labels to class ids: auto (sorted names -> 0..k-1) or a FILE of "
+            "class names (one per line, line n = id n-1; or a JSON list or name->id object).",
+        ),
+    ] = None,
     shard_size: Annotated[
         str, typer.Option(help="Start a new shard past this many image bytes (1GiB, 500MB).")
     ] = "1GiB",
@@ -74,7 +90,9 @@ def build(
             src=src,
             out=out,
             format=format,
-            labels=labels,
+            labels=tuple(labels) if labels else "auto",
+            label_depth=label_depth,
+            class_map=class_map,
             shard_size=parse_size(shard_size),
             workers=workers or usable_cores(),
             decode_check=decode_check,

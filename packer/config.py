@@ -29,6 +29,7 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 ON_ERROR = ("skip", "fail")
+LABEL_KEYWORDS = ("auto", "dirname", "none", "sidecar")  # the --labels that are not files
 
 
 def parse_size(text: str) -> int:
@@ -62,7 +63,9 @@ class BuildConfig:
     src: Path
     out: Path
     format: str = "lmdb"
-    labels: str = "auto"
+    labels: str | tuple[str, ...] = "auto"  # one source, or several label files (merged)
+    label_depth: int = 1  # folder levels that name the class (dirname)
+    class_map: str | None = None  # auto | FILE: text labels -> class ids
     shard_size: int = 1 << 30
     workers: int = 1
     decode_check: bool = True
@@ -71,6 +74,26 @@ class BuildConfig:
     progress: bool | None = None  # None: show a bar when stderr is a terminal
 
     def __post_init__(self) -> None:
+        specs = (self.labels,) if isinstance(self.labels, str) else tuple(self.labels)
+        if not specs:
+            raise ConfigError("--labels: no label source given")
+        # one spec is kept as a plain string, so meta.json records it as before
+        object.__setattr__(self, "labels", specs[0] if len(specs) == 1 else specs)
+        keywords = [s for s in specs if s in LABEL_KEYWORDS]
+        if keywords and len(specs) > 1:
+            raise ConfigError(
+                f"--labels {keywords[0]} cannot be combined with other --labels; several "
+                "--labels are for label files (list files and manifests), merged"
+            )
+        if self.label_depth < 1:
+            raise ConfigError(f"--label-depth {self.label_depth}: must be at least 1")
+        if self.label_depth != 1 and specs[0] not in ("auto", "dirname"):
+            raise ConfigError(
+                f"--label-depth {self.label_depth} applies to class folders (--labels dirname), "
+                f"not to --labels {specs[0]}"
+            )
+        if self.class_map is not None and specs == ("none",):
+            raise ConfigError(f"--class-map {self.class_map}: --labels none has no labels to map")
         if self.format not in FORMATS:
             raise ConfigError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
         if self.on_error not in ON_ERROR:
@@ -82,11 +105,18 @@ class BuildConfig:
         if not self.src.is_dir():
             raise ConfigError(f"SRC {self.src}: not a directory")
 
+    @property
+    def label_specs(self) -> tuple[str, ...]:
+        """``labels`` as a tuple: one keyword, or the label files to merge."""
+        return (self.labels,) if isinstance(self.labels, str) else self.labels
+
     def options(self) -> dict[str, object]:
         """The options recorded in meta.json."""
         return {
             "format": self.format,
-            "labels": self.labels,
+            "labels": self.labels if isinstance(self.labels, str) else list(self.labels),
+            "label_depth": self.label_depth,
+            "class_map": self.class_map,
             "shard_size": self.shard_size,
             "workers": self.workers,
             "decode_check": self.decode_check,
