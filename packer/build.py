@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -16,7 +17,7 @@ from typing import Any
 
 from packer import __version__
 from packer.config import BuildConfig
-from packer.encode import Record, prepare
+from packer.encode import Record, Transform, prepare
 from packer.errors import InputError, OutputExistsError, PackerError
 from packer.labels import NO_LABEL_MESSAGE, Entry, plan_labels
 from packer.problems import NO_LABEL, Problem
@@ -44,7 +45,9 @@ class BuildSummary:
 
     def line(self) -> str:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.reasons.items()))
-        skipped = f"skipped {self.skipped}" + (f" ({reasons}; see {ERRORS_NAME})" if reasons else "")
+        skipped = f"skipped {self.skipped}"
+        if reasons:
+            skipped += f" ({reasons}; see {ERRORS_NAME})"
         return (
             f"packed {self.packed} images ({self.bytes / 1e6:.1f} MB) into {self.shards} "
             f"shard{'s' if self.shards != 1 else ''}, {skipped}, in {self.seconds:.1f} s "
@@ -57,19 +60,44 @@ def temp_dir_for(out: Path) -> Path:
     return out.parent / f".{out.name}.partial"
 
 
-def _prepare_entry(args: tuple[str, str, Any, bool]) -> Record | Problem:
-    rel, path, label, decode_check = args
-    return prepare(rel, path, label, decode_check=decode_check)
+_BATCH = 32  # images per task sent to a worker process: amortises the IPC
+_IN_FLIGHT = 4  # tasks queued per worker: enough to keep each busy, and memory bounded
+
+
+def _prepare_batch(
+    batch: list[tuple[str, str, Any]], decode_check: bool, transform: Transform
+) -> list[Record | Problem]:
+    return [
+        prepare(rel, path, label, decode_check=decode_check, transform=transform)
+        for rel, path, label in batch
+    ]
 
 
 def _prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Record | Problem]:
-    tasks = ((e.file.rel, e.file.path, e.label, cfg.decode_check) for e in entries)
-    if cfg.workers <= 1 or len(entries) < 64:
-        yield from map(_prepare_entry, tasks)
+    """Each entry read, checked and transformed, in entry order.
+
+    With several workers the images are processed in a process pool while this process
+    writes; at most ``workers * _IN_FLIGHT`` batches are in flight, so memory stays bounded
+    whatever the tree size, and results come back in order, so the output is identical for
+    any number of workers.
+    """
+    tasks = [(e.file.rel, e.file.path, e.label) for e in entries]
+    batches = (tasks[i : i + _BATCH] for i in range(0, len(tasks), _BATCH))
+    if cfg.workers <= 1 or len(entries) < 2 * _BATCH:
+        for batch in batches:
+            yield from _prepare_batch(batch, cfg.decode_check, cfg.transform)
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with multiprocessing.get_context(method).Pool(cfg.workers) as pool:
-        yield from pool.imap(_prepare_entry, tasks, chunksize=16)
+        pending: deque[Any] = deque()
+        for batch in batches:
+            pending.append(
+                pool.apply_async(_prepare_batch, (batch, cfg.decode_check, cfg.transform))
+            )
+            if len(pending) >= cfg.workers * _IN_FLIGHT:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
 
 
 def _progress(total: int, enabled: bool | None) -> Any:
@@ -117,9 +145,7 @@ def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
     fsync_path(out.parent)
 
 
-def build(
-    cfg: BuildConfig, *, log: Callable[[str], None] | None = None
-) -> BuildSummary:
+def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
     """Pack ``cfg.src`` into ``cfg.out``; the output appears under its name only when complete.
 
     Raises:
@@ -157,7 +183,7 @@ def build(
             last = time.perf_counter()
             for entry, item in zip(plan.entries, _prepared(plan.entries, cfg), strict=True):
                 if not entry.labelled and isinstance(item, Record):
-                    item = Problem(item.rel, NO_LABEL, NO_LABEL_MESSAGE)
+                    item = Problem(item.rel, NO_LABEL, entry.note or NO_LABEL_MESSAGE)
                 if cfg.format == "recordio" and isinstance(item, Record):
                     item = oversize_problem(item) or item
                 if isinstance(item, Problem):
@@ -177,7 +203,8 @@ def build(
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
             raise PackerError(
                 f"no image under {cfg.src} could be packed ({len(found)} problems"
-                + (f": {shown}" if shown else "") + ")"
+                + (f": {shown}" if shown else "")
+                + ")"
             )
         _write_errors(tmp / ERRORS_NAME, found)
         meta = {

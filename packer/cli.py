@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from packer.config import BuildConfig, parse_size, usable_cores
-from packer.errors import PackerError
+from packer.encode import Transform, parse_resize
+from packer.errors import ConfigError, PackerError
 from readers.errors import ReaderError
 
 app = typer.Typer(
@@ -22,6 +23,14 @@ app = typer.Typer(
 def _fail(exc: Exception) -> typer.Exit:
     typer.echo(f"packer: error: {exc}", err=True)
     return typer.Exit(2)
+
+
+def _transform(resize: str | None, encode: str, quality: int) -> Transform:
+    try:
+        short, fit = parse_resize(resize)
+        return Transform(short=short, fit=fit, encode=encode, quality=quality)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @app.command()
@@ -81,6 +90,20 @@ def build(
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
     ] = None,
+    resize: Annotated[
+        str | None,
+        typer.Option(
+            help="S: scale so the shorter side is S pixels; WxH: fit within. Never upscales."
+        ),
+    ] = None,
+    encode: Annotated[
+        str,
+        typer.Option(
+            help="keep (original bytes; same format when resized), jpeg, png, or raw "
+            "(decoded pixels: no decode at training time, larger on disk)."
+        ),
+    ] = "keep",
+    quality: Annotated[int, typer.Option(help="JPEG quality for --encode jpeg.")] = 95,
 ) -> None:
     """Pack SRC into the dataset directory OUT (written atomically)."""
     from packer.build import build as run_build
@@ -99,6 +122,7 @@ def build(
             on_error=on_error,
             overwrite=overwrite,
             progress=progress,
+            transform=_transform(resize, encode, quality),
         )
         summary = run_build(cfg)
     except PackerError as exc:
@@ -114,9 +138,7 @@ def verify(
             help="A packed dataset, a bare PaddleOCR LMDB, or a bare MXNet .rec (with its .idx)."
         ),
     ],
-    deep: Annotated[
-        bool, typer.Option(help="Also decode every image and check its size.")
-    ] = False,
+    deep: Annotated[bool, typer.Option(help="Also decode every image and check its size.")] = False,
 ) -> None:
     """Check a dataset: exit 0 when intact, else print each problem and exit 1."""
     from packer.verify import verify as run_verify
@@ -143,6 +165,81 @@ def info(
     except (PackerError, ReaderError) as exc:
         raise _fail(exc) from None
     typer.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+
+
+def _worker_list(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError:
+        from packer.errors import ConfigError
+
+        raise ConfigError(
+            f"--workers {text!r}: expected comma-separated counts such as 0,1,2,4"
+        ) from None
+
+
+@app.command()
+def bench(
+    out: Annotated[Path, typer.Argument(help="A packed dataset (or a bare LMDB / .rec).")],
+    batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 64,
+    workers: Annotated[
+        str | None,
+        typer.Option(help="num_workers values to time, e.g. 0,2,4 (default: 0 to the cores)."),
+    ] = None,
+    batches: Annotated[
+        int | None, typer.Option(help="Batches timed per setting (after warm-up).")
+    ] = None,
+    seconds: Annotated[
+        float | None, typer.Option(help="Seconds timed per setting (default 3).")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Batches skipped first (default: enough to start up).")
+    ] = None,
+    decode: Annotated[
+        str, typer.Option(help="rgb, bgr, gray, unchanged or bytes (no decode).")
+    ] = "rgb",
+    transform: Annotated[
+        str,
+        typer.Option(
+            help="none, resize224 (HWC uint8 224x224) or imagenet (resize 256, crop 224, "
+            "CHW float32 normalised)."
+        ),
+    ] = "none",
+    compare: Annotated[
+        Path | None,
+        typer.Option(help="The source tree OUT was built from: time its loose files too."),
+    ] = None,
+    shared_memory: Annotated[
+        bool,
+        typer.Option("--shared-memory/--no-shared-memory", help="DataLoader use_shared_memory."),
+    ] = True,
+    prefetch_factor: Annotated[int, typer.Option(help="DataLoader prefetch_factor.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Loader throughput by num_workers through a real paddle.io.DataLoader, and the setting
+    to use (the smallest within 95% of the best)."""
+    from packer.bench import BenchConfig, run_bench
+
+    try:
+        cfg = BenchConfig(
+            path=out,
+            batch_size=batch_size,
+            workers=_worker_list(workers),
+            batches=batches,
+            seconds=seconds,
+            warmup=warmup,
+            decode=decode,
+            transform=transform,
+            compare=compare,
+            shared_memory=shared_memory,
+            prefetch_factor=prefetch_factor,
+        )
+        report = run_bench(cfg, log=None if as_json else lambda m: typer.echo(m, err=True))
+    except (PackerError, ReaderError) as exc:
+        raise _fail(exc) from None
+    typer.echo(report.json() if as_json else report.text())
 
 
 def main() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from packer.encode import Transform
 from packer.errors import ConfigError
 from readers.formats.layout import FORMATS
 
@@ -72,6 +73,7 @@ class BuildConfig:
     on_error: str = "skip"
     overwrite: bool = False
     progress: bool | None = None  # None: show a bar when stderr is a terminal
+    transform: Transform = field(default_factory=Transform)
 
     def __post_init__(self) -> None:
         specs = (self.labels,) if isinstance(self.labels, str) else tuple(self.labels)
@@ -121,5 +123,5 @@ class BuildConfig:
             "workers": self.workers,
             "decode_check": self.decode_check,
             "on_error": self.on_error,
-            "encode": "keep",
+            **self.transform.options(),
         }

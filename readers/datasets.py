@@ -14,7 +14,7 @@ import numpy as np
 import paddle
 
 from readers import handles
-from readers.decode import check_mode, decode_image
+from readers.decode import check_mode, decode_image, decode_raw
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import META_NAME
 from readers.formats.lmdb_layout import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
@@ -29,7 +29,7 @@ from readers.formats.recordio import (
     scan_offsets,
     unpack_image_record,
 )
-from readers.index import DatasetIndex, load_index
+from readers.index import DatasetIndex, load_index, load_meta
 
 REC_SUFFIX = ".rec"
 IDX_SUFFIX = ".idx"
@@ -62,11 +62,16 @@ class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self.index: DatasetIndex | None = None
         self.shard_bounds: np.ndarray = np.zeros(1, dtype=np.int64)
         self._shard_paths: list[str] = []
+        self._raw_dims: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._handles: list[Any] = []
         self._generation = -1
 
     def _load_packed(self) -> DatasetIndex:
-        index = load_index(self.root)
+        raw = self._stores_raw()
+        index = load_index(self.root, extra=("width", "height", "channels") if raw else ())
+        self._raw_dims = (
+            (index.extra["height"], index.extra["width"], index.extra["channels"]) if raw else None
+        )
         if index.format != self.format:
             raise DatasetFormatError(
                 f"{self.root}: a {index.format} dataset, not {self.format_title}; use "
@@ -75,6 +80,19 @@ class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self.index = index
         self.shard_bounds = index.shard_bounds
         return index
+
+    def _stores_raw(self) -> bool:
+        """Whether the packed dataset holds decoded pixels (``--encode raw``)."""
+        try:
+            return bool(load_meta(self.root).get("options", {}).get("encode") == "raw")
+        except DatasetFormatError:
+            return False
+
+    def _decode(self, buf: Any, i: int) -> Any:
+        if self._raw_dims is not None:
+            h, w, c = self._raw_dims
+            return decode_raw(buf, int(h[i]), int(w[i]), int(c[i]), self.decode)
+        return decode_image(buf, self.decode)
 
     @property
     def format_title(self) -> str:
@@ -251,7 +269,7 @@ class LmdbDataset(_ShardedDataset):
                 if as_bytes or self.decode == "bytes":
                     image: Any = bytes(buf)
                 else:
-                    image = decode_image(buf, self.decode)
+                    image = self._decode(buf, i)
                 if self.index is not None:
                     label: Any = self.index.labels[i]
                 else:
@@ -531,7 +549,7 @@ class RecordIODataset(_ShardedDataset):
         if as_bytes or self.decode == "bytes":
             return bytes(image), label
         try:
-            return decode_image(image, self.decode), label
+            return self._decode(image, i), label
         except ValueError as exc:
             raise RecordError(f"{self._where(i, shard)}: cannot decode ({exc})") from exc
 

@@ -24,6 +24,40 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"decode={mode!r}: expected one of {', '.join(DECODE_MODES)}")
 
 
+_FROM_RAW = {
+    # (stored channels, mode) -> OpenCV conversion of the stored RGB/gray/RGBA pixels
+    (1, "rgb"): cv2.COLOR_GRAY2RGB,
+    (1, "bgr"): cv2.COLOR_GRAY2BGR,
+    (3, "bgr"): cv2.COLOR_RGB2BGR,
+    (3, "gray"): cv2.COLOR_RGB2GRAY,
+    (4, "rgb"): cv2.COLOR_RGBA2RGB,
+    (4, "bgr"): cv2.COLOR_RGBA2BGR,
+    (4, "gray"): cv2.COLOR_RGBA2GRAY,
+}
+
+
+def decode_raw(
+    data: bytes | memoryview, height: int, width: int, channels: int, mode: str = "rgb"
+) -> np.ndarray:
+    """Pixels stored by ``packer build --encode raw`` (uint8, RGB / gray / RGBA) as HxWxC.
+
+    No decode: one copy out of the shard (the shard's memory is not ours to hand out), and a
+    colour conversion only when `mode` asks for another layout than the stored one.
+    """
+    flat = np.frombuffer(data, dtype=np.uint8)
+    if flat.size != height * width * channels:
+        raise ValueError(
+            f"{flat.size} raw bytes, expected {height}x{width}x{channels} = "
+            f"{height * width * channels}"
+        )
+    image: np.ndarray = flat.reshape(height, width, channels)
+    conversion = _FROM_RAW.get((channels, mode))
+    if conversion is None:
+        return np.array(image)
+    converted: np.ndarray = cv2.cvtColor(image, conversion)
+    return converted if converted.ndim == 3 else converted[:, :, np.newaxis]
+
+
 def decode_image(data: bytes | memoryview | np.ndarray, mode: str = "rgb") -> np.ndarray:
     """Decode an encoded image.
 

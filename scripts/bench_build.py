@@ -1,0 +1,135 @@
+"""Build speed: packer build vs the LMDB script most projects use, and vs tar.
+
+On a generated tree of real-looking images (scripts/make_demo_data.py, default 12,000 images
+in 10 class folders, warm page cache), side by side, median of several runs:
+- baseline: one process that walks the tree, reads and decodes each image (cv2.imdecode),
+  puts it into LMDB and commits every 1,000 (the recipe of most create_lmdb scripts);
+- packer build --workers 1 and --workers N (default: all cores), with the decode check;
+- packer build --no-decode-check --workers N, next to `tar -cf` of the same tree.
+Targets (issue 6): workers=2 >= 1.7x baseline images/s; --no-decode-check <= 1.5x tar's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import lmdb
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def baseline(src: Path, out: Path) -> int:
+    """The usual create_lmdb script: decode to check, put, commit every 1000."""
+    env = lmdb.open(str(out), map_size=1 << 34)
+    txn = env.begin(write=True)
+    n = 0
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    for label, cls in enumerate(classes):
+        for path in sorted((src / cls).iterdir()):
+            data = path.read_bytes()
+            if cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) is None:
+                continue
+            n += 1
+            txn.put(b"image-%09d" % n, data)
+            txn.put(b"label-%09d" % n, str(label).encode())
+            if n % 1000 == 0:
+                txn.commit()
+                txn = env.begin(write=True)
+    txn.put(b"num-samples", str(n).encode())
+    txn.commit()
+    env.close()
+    return n
+
+
+def timed(fn) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--images", type=int, default=12000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    from make_demo_data import CLASSES, write_demo
+
+    base = Path(tempfile.mkdtemp(prefix="packer-build-", dir=os.environ.get("BENCH_TMP")))
+    packer = [sys.executable, "-m", "packer.cli", "build", "--no-progress"]
+    try:
+        src = base / "src"
+        write_demo(src, per_class=args.images // len(CLASSES), size=96, seed=0)
+        n = sum(1 for _ in src.rglob("*.*"))
+        subprocess.run(["tar", "-cf", os.devnull, "-C", str(base), "src"], check=True)  # warm
+
+        def run_packer(*extra: str) -> None:
+            out = base / "out.lmdb"
+            subprocess.run([*packer, str(src), str(out), "--overwrite", *extra], check=True,
+                           stdout=subprocess.DEVNULL, cwd=ROOT)
+
+        def run_baseline() -> None:
+            out = base / "baseline.lmdb"
+            shutil.rmtree(out, ignore_errors=True)
+            baseline(src, out)
+
+        def run_tar() -> None:
+            subprocess.run(["tar", "-cf", str(base / "copy.tar"), "-C", str(base), "src"],
+                           check=True)
+
+        cases = {
+            "baseline (decode, commit every 1000)": run_baseline,
+            "packer --workers 1": lambda: run_packer("--workers", "1"),
+            f"packer --workers {args.workers}": lambda: run_packer("--workers", str(args.workers)),
+            f"packer --no-decode-check --workers {args.workers}": lambda: run_packer(
+                "--no-decode-check", "--workers", str(args.workers)),
+            "tar -cf": run_tar,
+        }
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(args.runs):  # interleaved, so drift hits every case alike
+            for name, fn in cases.items():
+                times[name].append(timed(fn))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        base_rate = n / med["baseline (decode, commit every 1000)"]
+        lines = [
+            f"### Build: {n:,} images (96x96 PNG/JPEG), warm cache, median of {args.runs}",
+            "",
+            "| method | seconds | images/s | vs baseline |",
+            "|---|---|---|---|",
+        ]
+        for name, seconds in med.items():
+            lines.append(f"| {name} | {seconds:.2f} | {n / seconds:,.0f} | "
+                         f"{n / seconds / base_rate:.2f}x |")
+        par = med[f"packer --workers {args.workers}"]
+        nodec = med[f"packer --no-decode-check --workers {args.workers}"]
+        lines += [
+            "",
+            f"- --workers {args.workers} vs baseline: {base_rate and n / par / base_rate:.2f}x "
+            "(target >= 1.7x)",
+            f"- --no-decode-check vs tar -cf: {nodec / med['tar -cf']:.2f}x the time "
+            "(target <= 1.5x)",
+        ]
+        text = "\n".join(lines)
+        print(text)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "bench_build.md").write_text(text + "\n")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
