@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -18,11 +19,20 @@ from typing import Any
 from packer import __version__
 from packer.config import BuildConfig
 from packer.encode import Record, Transform, prepare
-from packer.errors import InputError, OutputExistsError, PackerError
+from packer.errors import DiskFullError, InputError, OutputExistsError, PackerError
 from packer.labels import NO_LABEL_MESSAGE, Entry, plan_labels
+from packer.plan import (
+    MERGING_NAME,
+    PLAN_NAME,
+    load_plan_digest,
+    plan_digest,
+    plan_shards,
+    save_plan,
+    source_sizes,
+)
 from packer.problems import NO_LABEL, Problem
-from packer.writers import WRITERS, DatasetWriter
-from packer.writers.base import fsync_path
+from packer.writers import WRITERS
+from packer.writers.base import ShardPart, fsync_path, merge_parts, read_done
 from packer.writers.lmdb import lmdb_versions
 from packer.writers.recordio import oversize_problem, recordio_layout
 from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME
@@ -145,8 +155,64 @@ def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
     fsync_path(out.parent)
 
 
+def _output_options(cfg: BuildConfig) -> dict[str, Any]:
+    """The options that decide the output bytes (not workers, progress, ...)."""
+    options = cfg.options()
+    options.pop("workers", None)
+    return options
+
+
+def _check_input(entry: Entry, item: Record | Problem, fmt: str) -> Record | Problem:
+    """The per-input checks that need both the entry and what reading it gave."""
+    if not entry.labelled and isinstance(item, Record):
+        return Problem(item.rel, NO_LABEL, entry.note or NO_LABEL_MESSAGE)
+    if fmt == "recordio" and isinstance(item, Record):
+        return oversize_problem(item) or item
+    return item
+
+
+def _prepare_build_dir(
+    cfg: BuildConfig, tmp: Path, digest: str, say: Callable[[str], None]
+) -> set[int]:
+    """Make `tmp` ready for this build; return the planned shards already finished there."""
+    if tmp.exists():
+        reusable = (
+            cfg.resume and load_plan_digest(tmp) == digest and not (tmp / MERGING_NAME).exists()
+        )
+        if reusable:
+            finished = {
+                int(p.name[len("shard-") : len("shard-") + 5])
+                for p in tmp.glob("shard-*.done.json")
+                if read_done(tmp, int(p.name[len("shard-") : len("shard-") + 5])) is not None
+            }
+            for path in tmp.iterdir():  # the files of unfinished shards are rewritten
+                if path.name.startswith("shard-") and int(path.name[6:11]) not in finished:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+            say(f"resuming {tmp}: {len(finished)} finished shard(s) kept")
+            return finished
+        if cfg.resume:
+            say(
+                f"cannot resume {tmp}: its inputs or options differ (or it was merging); "
+                "starting over"
+            )
+        else:
+            say(
+                f"removing the unfinished build {tmp} left by an interrupted run "
+                "(--resume keeps its finished shards)"
+            )
+        shutil.rmtree(tmp)
+    elif cfg.resume:
+        say(f"nothing to resume at {tmp}; building from the start")
+    tmp.mkdir()
+    return set()
+
+
 def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
     """Pack ``cfg.src`` into ``cfg.out``; the output appears under its name only when complete.
+
+    The inputs are planned into shards first (`packer.plan`); each finished shard leaves a
+    completion marker in the hidden build directory, so ``resume=True`` after a crash keeps
+    those shards and writes only the rest, with a result identical to an uninterrupted build.
 
     Raises:
         PackerError: the output exists (without overwrite), the label source is unusable,
@@ -159,9 +225,6 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         raise OutputExistsError(str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_for(out)
-    if tmp.exists():
-        say(f"removing the unfinished build {tmp} left by an interrupted run")
-        shutil.rmtree(tmp)
 
     plan = plan_labels(
         cfg.src,
@@ -170,36 +233,57 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         depth=cfg.label_depth,
         class_map=cfg.class_map,
     )
-    found: list[Problem] = list(plan.problems)
-    if found and cfg.on_error == "fail":
-        first = found[0]
+    label_problems: list[Problem] = list(plan.problems)
+    if label_problems and cfg.on_error == "fail":
+        first = label_problems[0]
         raise InputError(first.path, first.reason, first.message)
+    sizes = source_sizes(plan.entries)
+    shards = plan_shards(sizes, cfg.shard_size)
+    digest = plan_digest(plan.entries, sizes, _output_options(cfg))
+    finished = _prepare_build_dir(cfg, tmp, digest, say)
+    save_plan(tmp, digest, shards)
 
-    tmp.mkdir()
-    writer = DatasetWriter(tmp, WRITERS[cfg.format], shard_size=cfg.shard_size)
     summary = BuildSummary(out=out)
+    part: ShardPart | None = None
     try:
+        first_id = 0
+        todo: list[Entry] = []
+        for shard in shards:
+            if shard.number not in finished:
+                todo.extend(plan.entries[shard.start : shard.stop])
+        results = _prepared(todo, cfg)
         with _progress(len(plan.entries), cfg.progress) as bar:
-            last = time.perf_counter()
-            for entry, item in zip(plan.entries, _prepared(plan.entries, cfg), strict=True):
-                if not entry.labelled and isinstance(item, Record):
-                    item = Problem(item.rel, NO_LABEL, entry.note or NO_LABEL_MESSAGE)
-                if cfg.format == "recordio" and isinstance(item, Record):
-                    item = oversize_problem(item) or item
-                if isinstance(item, Problem):
-                    if cfg.on_error == "fail":
-                        raise InputError(item.path, item.reason, item.message)
-                    found.append(item)
-                else:
-                    writer.add(item)
-                bar.update(1)
-                now = time.perf_counter()
-                if now - last > 0.5:
-                    elapsed = now - started
-                    bar.set_postfix_str(f"{writer.payload_bytes / elapsed / 1e6:.1f} MB/s")
-                    last = now
-        writer.close()
-        if writer.num_samples == 0:
+            written = 0
+            for shard in shards:
+                entries = plan.entries[shard.start : shard.stop]
+                if shard.number in finished:
+                    done = read_done(tmp, shard.number)
+                    assert done is not None
+                    first_id += int(done["count"])
+                    bar.update(len(entries))
+                    continue
+                part = ShardPart(tmp, shard.number, WRITERS[cfg.format], first_id=first_id)
+                problems: list[Problem] = []
+                for entry in entries:
+                    item = _check_input(entry, next(results), cfg.format)
+                    if isinstance(item, Problem):
+                        if cfg.on_error == "fail":
+                            raise InputError(item.path, item.reason, item.message)
+                        problems.append(item)
+                    else:
+                        part.add(item)
+                        written += len(item.data)
+                    bar.update(1)
+                    if bar.n % 256 == 0:
+                        rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
+                        bar.set_postfix_str(f"{rate:.1f} MB/s")
+                done = part.finish(problems)
+                part = None
+                first_id += int(done["count"])
+        (tmp / MERGING_NAME).touch()
+        merged = merge_parts(tmp, [s.number for s in shards], renumber=_renumber(cfg.format))
+        found = label_problems + merged.problems
+        if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
             raise PackerError(
                 f"no image under {cfg.src} could be packed ({len(found)} problems"
@@ -210,34 +294,50 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         meta = {
             "format": cfg.format,
             "version": FORMAT_VERSION,
-            "num_samples": writer.num_samples,
-            "num_shards": len(writer.shards),
-            "shards": writer.shards,
+            "num_samples": merged.num_samples,
+            "num_shards": len(merged.shards),
+            "shards": merged.shards,
             "classes": plan.classes,
             "label_source": plan.source,
             "class_map": plan.class_map,
-            "label_kind": writer.label_kind,
+            "label_kind": merged.label_kind,
             "source": str(cfg.src),
             "options": cfg.options(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "tool_version": __version__,
-            "payload_bytes": writer.payload_bytes,
+            "payload_bytes": merged.payload_bytes,
             "num_errors": len(found),
-            "index_sha256": writer.index_sha256,
+            "index_sha256": merged.index_sha256,
             "index_fingerprint": fingerprint(tmp / "index.jsonl"),
             "writer": lmdb_versions() if cfg.format == "lmdb" else recordio_layout(),
         }
+        for name in (PLAN_NAME, MERGING_NAME):
+            (tmp / name).unlink(missing_ok=True)
         _write_json(tmp / META_NAME, meta)
         _publish(tmp, out, overwrite=cfg.overwrite)
-    except BaseException:
-        writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        if part is not None:
+            part.abort()
+        # an input error or a bug: nothing is kept. An interruption (Ctrl-C, a full disk,
+        # a kill): the finished shards stay for --resume; OUT is not there either way.
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise DiskFullError(str(tmp), str(exc)) from exc
+        if not isinstance(exc, (OSError, KeyboardInterrupt)):
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    summary.packed = writer.num_samples
+    summary.packed = merged.num_samples
     summary.skipped = len(found)
-    summary.bytes = writer.payload_bytes
-    summary.shards = len(writer.shards)
+    summary.bytes = merged.payload_bytes
+    summary.shards = len(merged.shards)
     for p in found:
         summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _renumber(fmt: str) -> Any:
+    if fmt == "recordio":
+        from packer.writers.recordio import renumber_shard
+
+        return renumber_shard
+    return None

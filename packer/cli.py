@@ -86,6 +86,13 @@ def build(
         typer.Option(help="skip: list bad inputs in errors.jsonl and go on; fail: stop."),
     ] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the finished shards of an interrupted build of the same inputs and "
+            "options, and build only the rest (the result is identical)."
+        ),
+    ] = False,
     progress: Annotated[
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
@@ -121,6 +128,7 @@ def build(
             decode_check=decode_check,
             on_error=on_error,
             overwrite=overwrite,
+            resume=resume,
             progress=progress,
             transform=_transform(resize, encode, quality),
         )

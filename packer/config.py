@@ -72,6 +72,7 @@ class BuildConfig:
     decode_check: bool = True
     on_error: str = "skip"
     overwrite: bool = False
+    resume: bool = False  # keep the finished shards of an interrupted build of the same plan
     progress: bool | None = None  # None: show a bar when stderr is a terminal
     transform: Transform = field(default_factory=Transform)
 

@@ -32,3 +32,14 @@ class InputError(PackerError):
 
 class LabelSourceError(PackerError):
     """A label file or label option cannot be used at all."""
+
+
+class DiskFullError(PackerError):
+    """The disk filled up during a build; the finished shards are kept for ``--resume``."""
+
+    def __init__(self, build_dir: str, detail: str) -> None:
+        super().__init__(
+            f"the disk is full ({detail}); nothing was published. The finished shards are "
+            f"kept in {build_dir}: free some space and run the same command with --resume "
+            "(or delete that directory)"
+        )

@@ -78,8 +78,12 @@ def main() -> None:
 
         def run_packer(*extra: str) -> None:
             out = base / "out.lmdb"
-            subprocess.run([*packer, str(src), str(out), "--overwrite", *extra], check=True,
-                           stdout=subprocess.DEVNULL, cwd=ROOT)
+            subprocess.run(
+                [*packer, str(src), str(out), "--overwrite", *extra],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                cwd=ROOT,
+            )
 
         def run_baseline() -> None:
             out = base / "baseline.lmdb"
@@ -87,15 +91,17 @@ def main() -> None:
             baseline(src, out)
 
         def run_tar() -> None:
-            subprocess.run(["tar", "-cf", str(base / "copy.tar"), "-C", str(base), "src"],
-                           check=True)
+            subprocess.run(
+                ["tar", "-cf", str(base / "copy.tar"), "-C", str(base), "src"], check=True
+            )
 
         cases = {
             "baseline (decode, commit every 1000)": run_baseline,
             "packer --workers 1": lambda: run_packer("--workers", "1"),
             f"packer --workers {args.workers}": lambda: run_packer("--workers", str(args.workers)),
             f"packer --no-decode-check --workers {args.workers}": lambda: run_packer(
-                "--no-decode-check", "--workers", str(args.workers)),
+                "--no-decode-check", "--workers", str(args.workers)
+            ),
             "tar -cf": run_tar,
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
@@ -111,8 +117,9 @@ def main() -> None:
             "|---|---|---|---|",
         ]
         for name, seconds in med.items():
-            lines.append(f"| {name} | {seconds:.2f} | {n / seconds:,.0f} | "
-                         f"{n / seconds / base_rate:.2f}x |")
+            lines.append(
+                f"| {name} | {seconds:.2f} | {n / seconds:,.0f} | {n / seconds / base_rate:.2f}x |"
+            )
         par = med[f"packer --workers {args.workers}"]
         nodec = med[f"packer --no-decode-check --workers {args.workers}"]
         lines += [

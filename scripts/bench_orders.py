@@ -39,7 +39,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/blkio")
 def write_dataset(out: Path, fmt: str, *, total_bytes: int, record_bytes: int) -> int:
     """A packed dataset of incompressible JPEG-sized records; returns the sample count."""
     from packer.encode import Record
-    from packer.writers import WRITERS, DatasetWriter
+    from packer.writers import WRITERS, ShardPart, merge_parts
     from readers.formats.layout import META_NAME
     from readers.index import fingerprint
 
@@ -52,21 +52,26 @@ def write_dataset(out: Path, fmt: str, *, total_bytes: int, record_bytes: int) -
         assert ok
         pool.append(buf.tobytes())
     n = total_bytes // len(pool[0])
+    per_shard = (512 << 20) // len(pool[0])
     out.mkdir(parents=True)
-    writer = DatasetWriter(out, WRITERS[fmt], shard_size=512 << 20)
-    for i in range(n):
-        data = pool[i % len(pool)]
-        writer.add(Record(f"c/{i:08d}.png", i % 10, data, "png", side, side, 3, zlib.crc32(data)))
-    writer.close()
+    numbers = []
+    for number, first in enumerate(range(0, n, per_shard)):
+        part = ShardPart(out, number, WRITERS[fmt], first_id=first)
+        for i in range(first, min(n, first + per_shard)):
+            data = pool[i % len(pool)]
+            part.add(Record(f"c/{i:08d}.png", i % 10, data, "png", side, side, 3, zlib.crc32(data)))
+        part.finish([])
+        numbers.append(number)
+    merged = merge_parts(out, numbers)
     meta = {
         "format": fmt,
         "version": 1,
         "num_samples": n,
-        "num_shards": len(writer.shards),
-        "shards": writer.shards,
+        "num_shards": len(merged.shards),
+        "shards": merged.shards,
         "classes": None,
         "label_source": "synthetic",
-        "label_kind": writer.label_kind,
+        "label_kind": merged.label_kind,
         "index_fingerprint": fingerprint(out / "index.jsonl"),
     }
     (out / META_NAME).write_text(json.dumps(meta))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packer.writers.base import DatasetWriter, ShardWriter
+from packer.writers.base import ShardPart, ShardWriter, merge_parts
 from packer.writers.lmdb import LmdbShardWriter
 from packer.writers.recordio import RecordIOShardWriter
 
@@ -11,4 +11,11 @@ WRITERS: dict[str, type[ShardWriter]] = {
     "recordio": RecordIOShardWriter,
 }
 
-__all__ = ["WRITERS", "DatasetWriter", "LmdbShardWriter", "RecordIOShardWriter", "ShardWriter"]
+__all__ = [
+    "WRITERS",
+    "LmdbShardWriter",
+    "RecordIOShardWriter",
+    "ShardPart",
+    "ShardWriter",
+    "merge_parts",
+]

@@ -1,8 +1,11 @@
-"""The format-independent part of writing a dataset: shard rollover, index, shard table.
+"""The format-independent part of writing a dataset: shard parts, index, shard table.
 
-A `ShardWriter` subclass writes one shard's bytes in its format; `DatasetWriter` decides
-when to start a new shard, numbers the samples, and writes ``index.jsonl`` (plus its
-columnar copy ``index.parquet``) line by line so memory stays flat whatever the size.
+A `ShardWriter` subclass writes one shard's bytes in its format.  `ShardPart` drives one
+for a planned shard and leaves, beside it in the build directory, the shard's index rows,
+its problems and a completion marker; a shard with a marker is finished and is kept by
+``--resume`` (and can be written by another process or machine, as the Ray engine does).
+`merge_parts` then numbers the samples and writes ``index.jsonl`` and its columnar copy
+``index.parquet`` line by line, so memory stays flat whatever the size.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.encode import Record
+from packer.problems import Problem
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, shard_name
 
 _PARQUET_SCHEMA = pa.schema(
@@ -84,108 +90,160 @@ class ShardWriter(ABC):
         return None
 
 
-class DatasetWriter:
-    """Writes the shards and the index of one dataset into `root` (a temporary directory)."""
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
-    def __init__(self, root: Path, shard_cls: type[ShardWriter], *, shard_size: int) -> None:
+
+def part_paths(root: Path, number: int) -> dict[str, Path]:
+    """The build-time side files of planned shard `number`."""
+    name = shard_name(number)
+    return {
+        "rows": root / f"{name}.part.jsonl",
+        "errors": root / f"{name}.errors.jsonl",
+        "offsets": root / f"{name}.offsets.npy",
+        "done": root / f"{name}.done.json",
+    }
+
+
+def read_done(root: Path, number: int) -> dict[str, Any] | None:
+    """The completion marker of planned shard `number`, or None when it is not finished."""
+    try:
+        with open(part_paths(root, number)["done"], encoding="utf-8") as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return done if isinstance(done, dict) else None
+
+
+def _label_kind(label: Any) -> str:
+    if label is None:
+        return "none"
+    if isinstance(label, int) and not isinstance(label, bool):
+        return "int"
+    return "json"
+
+
+class ShardPart:
+    """Writes planned shard `number` of a build: its files, index rows and problems.
+
+    Sample ids are ``first_id + n``; a writer that does not know the final first id (a Ray
+    task) passes its best guess and `merge_parts` renumbers the shard.
+    """
+
+    def __init__(
+        self, root: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int
+    ) -> None:
         self.root = root
-        self.shard_cls = shard_cls
-        self.shard_size = shard_size
-        self.shards: list[dict[str, Any]] = []
-        self.num_samples = 0
-        self.payload_bytes = 0
+        self.number = number
+        self.first_id = first_id
+        self.paths = part_paths(root, number)
+        for path in self.paths.values():
+            path.unlink(missing_ok=True)
+        self.shard = shard_cls(root / shard_name(number))
+        self.count = 0
+        self.bytes = 0
         self.label_kinds: set[str] = set()
-        self._shard: ShardWriter | None = None
-        self._shard_bytes = 0
-        self._shard_count = 0
-        # open for the writer's whole life; closed in close() or abort()
-        self._index = open(root / INDEX_NAME, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
-        self._index_hash = hashlib.sha256()
-        self._rows: list[dict[str, Any]] = []
-        self._parquet = pq.ParquetWriter(root / INDEX_COLUMNAR_NAME, _PARQUET_SCHEMA)
+        self._rows = open(self.paths["rows"], "w", encoding="utf-8", newline="\n")  # noqa: SIM115
 
-    def _roll(self) -> None:
-        self._finish_shard()
-        number = len(self.shards)
-        self._shard = self.shard_cls(self.root / shard_name(number))
-        self.shards.append(
-            {"name": shard_name(number), "first": self.num_samples, "count": 0, "bytes": 0}
-        )
-        self._shard_bytes = 0
-        self._shard_count = 0
-
-    def _finish_shard(self) -> None:
-        if self._shard is None:
-            return
-        file_bytes = self._shard.close()
-        offsets = self._shard.record_offsets()
-        if offsets is not None:
-            rows = self._rows[len(self._rows) - self._shard_count :]
-            for row, offset in zip(rows, offsets.tolist(), strict=True):
-                row["offset"] = offset
-        self._flush_rows()
-        self.shards[-1].update(
-            count=self._shard_count, bytes=self._shard_bytes, file_bytes=file_bytes
-        )
-        self._shard = None
-
-    def add(self, record: Record) -> dict[str, Any]:
-        """Store one record in the current shard (starting a new one when it is full)."""
-        size = len(record.data)
-        if self._shard is None or (
-            self._shard_count > 0 and self._shard_bytes + size > self.shard_size
-        ):
-            self._roll()
-        assert self._shard is not None
-        sample_id = self.num_samples
-        key, offset = self._shard.write(self._shard_count + 1, sample_id, record)
-        row: dict[str, Any] = {
-            "id": sample_id,
-            "path": record.rel,
-            "label": record.label,
-            "shard": len(self.shards) - 1,
-            "key": key,
-        }
+    def add(self, record: Record) -> None:
+        """Store one record."""
+        key, offset = self.shard.write(self.count + 1, self.first_id + self.count, record)
+        row: dict[str, Any] = {"path": record.rel, "label": record.label, "key": key}
         if offset is not None:
             row["offset"] = offset
         row.update(
-            nbytes=size,
+            nbytes=len(record.data),
             width=record.width,
             height=record.height,
             channels=record.channels,
             format=record.format,
             crc32=record.crc32,
         )
+        self._rows.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self.label_kinds.add(_label_kind(record.label))
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def finish(self, problems: list[Problem]) -> dict[str, Any]:
+        """Close the shard, write its side files and, last, its completion marker."""
+        file_bytes = self.shard.close()
+        offsets = self.shard.record_offsets()
+        if offsets is not None:
+            with open(self.paths["offsets"], "wb") as f:
+                np.save(f, offsets)
+                f.flush()
+                os.fsync(f.fileno())
+        self._rows.flush()
+        os.fsync(self._rows.fileno())
+        self._rows.close()
+        with open(self.paths["errors"], "w", encoding="utf-8") as f:
+            for p in problems:
+                f.write(json.dumps(p.as_json(), ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        done = {
+            "number": self.number,
+            "first": self.first_id,
+            "count": self.count,
+            "bytes": self.bytes,
+            "file_bytes": file_bytes,
+            "label_kinds": sorted(self.label_kinds),
+            # top-level names under the build directory: the LMDB directory, or .rec + .idx
+            "files": sorted({p.relative_to(self.root).parts[0] for p in self.shard.files()}),
+        }
+        _atomic_json(self.paths["done"], done)
+        return done
+
+    def abort(self) -> None:
+        """Stop after a failure; the caller removes or keeps the directory."""
+        self.shard.abort()
+        with contextlib.suppress(OSError):
+            self._rows.close()
+
+
+class IndexWriter:
+    """Writes ``index.jsonl`` and ``index.parquet`` row by row."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.num_samples = 0
+        self.payload_bytes = 0
+        self.label_kinds: set[str] = set()
+        self._index = open(root / INDEX_NAME, "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+        self._hash = hashlib.sha256()
+        self._rows: list[dict[str, Any]] = []
+        self._parquet = pq.ParquetWriter(root / INDEX_COLUMNAR_NAME, _PARQUET_SCHEMA)
+
+    def add(self, row: dict[str, Any], *, stored_offset: int | None = None) -> None:
+        """Append one index line (the row's ``id`` must be the line number).
+
+        `stored_offset` is where the image bytes start in an LMDB data file: kept in
+        index.parquet only, for the readers' page-cache hints.
+        """
         line = json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
         self._index.write(line)
-        self._index_hash.update(line.encode("utf-8"))
-        self._add_row(row)
-        self._shard_count += 1
-        self._shard_bytes += size
-        self.shards[-1]["count"] = self._shard_count
-        self.num_samples += 1
-        self.payload_bytes += size
-        return row
-
-    def _add_row(self, row: dict[str, Any]) -> None:
-        label = row["label"]
-        if label is None:
-            kind = "none"
-        elif isinstance(label, int) and not isinstance(label, bool):
-            kind = "int"
-        else:
-            kind = "json"
+        self._hash.update(line.encode("utf-8"))
+        label = row.get("label")
+        kind = _label_kind(label)
         self.label_kinds.add(kind)
+        offset = row.get("offset", stored_offset)
         self._rows.append(
             {
                 **row,
                 "label_json": json.dumps(label, ensure_ascii=False, separators=(",", ":")),
                 "label_int": label if kind == "int" else None,
-                "offset": row.get("offset"),
+                "offset": offset,
             }
         )
-        if len(self._rows) >= _ROW_GROUP and not self.shard_cls.late_offsets:
+        if len(self._rows) >= _ROW_GROUP:
             self._flush_rows()
+        self.num_samples += 1
+        self.payload_bytes += int(row["nbytes"])
 
     def _flush_rows(self) -> None:
         if self._rows:
@@ -203,11 +261,9 @@ class DatasetWriter:
 
     @property
     def index_sha256(self) -> str:
-        return self._index_hash.hexdigest()
+        return self._hash.hexdigest()
 
     def close(self) -> None:
-        """Finish the last shard and the index; fsync everything written."""
-        self._finish_shard()
         self._flush_rows()
         self._parquet.close()
         self._index.flush()
@@ -216,10 +272,98 @@ class DatasetWriter:
         fsync_path(self.root / INDEX_COLUMNAR_NAME)
 
     def abort(self) -> None:
-        """Stop after a failure; the caller removes the directory."""
-        if self._shard is not None:
-            self._shard.abort()
-            self._shard = None
-        self._index.close()
+        with contextlib.suppress(Exception):
+            self._index.close()
         with contextlib.suppress(Exception):
             self._parquet.close()
+
+
+class MergeResult:
+    """What merging the shard parts produced, for meta.json."""
+
+    def __init__(self, index: IndexWriter, shards: list[dict[str, Any]], problems: list[Problem]):
+        self.num_samples = index.num_samples
+        self.payload_bytes = index.payload_bytes
+        self.label_kind = index.label_kind
+        self.index_sha256 = index.index_sha256
+        self.shards = shards
+        self.problems = problems
+
+
+Renumber = Callable[[Path, int, int, list[dict[str, Any]]], None]
+
+
+def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = None) -> MergeResult:
+    """Turn the finished parts of planned shards `numbers` into the dataset's index.
+
+    Shards that ended up empty (every input bad) are removed and the rest renamed so that
+    shard names stay consecutive; sample ids are numbered in shard order.  A shard written
+    with another first id than the one it gets (by a parallel writer) is passed to
+    `renumber(shard_base, old_first, new_first, rows)` to fix the ids inside its files.
+    """
+    index = IndexWriter(root)
+    shards: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    try:
+        for number in numbers:
+            done = read_done(root, number)
+            if done is None:
+                raise FileNotFoundError(f"shard part {shard_name(number)} is not finished")
+            paths = part_paths(root, number)
+            with open(paths["errors"], encoding="utf-8") as f:
+                problems.extend(Problem(**json.loads(line)) for line in f)
+            old_base = root / shard_name(number)
+            if done["count"] == 0:
+                for name in done["files"]:
+                    target = root / name
+                    if target.is_dir():
+                        shutil.rmtree(target)
+                    else:
+                        target.unlink(missing_ok=True)
+                continue
+            new_number = len(shards)
+            first = index.num_samples
+            with open(paths["rows"], encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f]
+            if done["first"] != first:
+                if renumber is None:
+                    raise ValueError(f"{old_base}: written with first id {done['first']}")
+                renumber(old_base, int(done["first"]), first, rows)
+            if new_number != number:
+                new_base = root / shard_name(new_number)
+                for name in done["files"]:
+                    os.rename(root / name, root / name.replace(old_base.name, new_base.name, 1))
+            offsets = np.load(paths["offsets"]) if paths["offsets"].exists() else None
+            for j, part_row in enumerate(rows):
+                row = {
+                    "id": first + j,
+                    "path": part_row["path"],
+                    "label": part_row["label"],
+                    "shard": new_number,
+                    **{k: v for k, v in part_row.items() if k not in ("path", "label")},
+                }
+                if "offset" in part_row:  # RecordIO: the key is the global id
+                    row["key"] = str(first + j)
+                stored = int(offsets[j]) if offsets is not None else None
+                index.add(row, stored_offset=stored)
+            shards.append(
+                {
+                    "name": shard_name(new_number),
+                    "first": first,
+                    "count": done["count"],
+                    "bytes": done["bytes"],
+                    "file_bytes": done["file_bytes"],
+                }
+            )
+        index.close()
+        for number in numbers:
+            _remove_parts(part_paths(root, number))
+    except BaseException:
+        index.abort()
+        raise
+    return MergeResult(index, shards, problems)
+
+
+def _remove_parts(paths: dict[str, Path]) -> None:
+    for key in ("rows", "errors", "offsets", "done"):
+        paths[key].unlink(missing_ok=True)

@@ -43,7 +43,7 @@ def open_lmdb_for_writing(path: str, map_size: int) -> Any:
         writemap=False,
         sync=False,
         metasync=False,
-        meminit=False,
+        meminit=True,  # zero unused page space: the same inputs give the same bytes
         max_dbs=0,
         **kwargs,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from packer.problems import Problem
 from packer.writers.base import ShardWriter
 from readers.formats.recordio import (
     IR_HEADER,
+    MAGIC,
     MAX_PAYLOAD,
     RecordFileWriter,
     RecordTooLargeError,
@@ -144,6 +146,38 @@ class RecordIOShardWriter(ShardWriter):
         return [self.rec_path, self.idx_path]
 
 
+def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]) -> None:
+    """Give the records of a finished shard the ids ``new_first, new_first + 1, ...``.
+
+    Used when a shard was written before the final first id was known (the Ray engine):
+    each record's ``IRHeader.id`` is rewritten in place and the ``.idx`` written anew.  The
+    record framing does not change, since an id below 0xced7230a cannot contain the magic.
+    """
+    rec_path = base.with_name(base.name + REC_SUFFIX)
+    idx_path = base.with_name(base.name + IDX_SUFFIX)
+    head = struct.Struct("<II")
+    with open(rec_path, "r+b") as f:
+        for j, row in enumerate(rows):
+            offset = int(row["offset"])
+            f.seek(offset)
+            magic, lrec = head.unpack(f.read(head.size))
+            if magic != MAGIC or lrec >> 29 != 0 or new_first + j >= MAGIC:
+                raise PackerError(
+                    f"{rec_path}: record at {offset} cannot be renumbered in place "
+                    "(a multi-part record); rebuild without --engine ray"
+                )
+            f.seek(offset + head.size + 8)  # IRHeader: flag (4), label (4), id (8), id2 (8)
+            f.write(struct.pack("<Q", new_first + j))
+        f.flush()
+        os.fsync(f.fileno())
+    with open(idx_path, "w", encoding="ascii", newline="\n") as f:
+        for j, row in enumerate(rows):
+            f.write(format_idx_line(new_first + j, int(row["offset"])))
+        f.flush()
+        os.fsync(f.fileno())
+    del old_first
+
+
 __all__ = [
     "TOO_LARGE",
     "RecordIOShardWriter",
@@ -152,4 +186,5 @@ __all__ = [
     "oversize_problem",
     "payload_size",
     "recordio_layout",
+    "renumber_shard",
 ]

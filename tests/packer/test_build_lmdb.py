@@ -18,7 +18,13 @@ import pytest
 
 from packer.build import build, temp_dir_for
 from packer.config import BuildConfig, parse_size
-from packer.errors import ConfigError, InputError, OutputExistsError, PackerError
+from packer.errors import (
+    ConfigError,
+    DiskFullError,
+    InputError,
+    OutputExistsError,
+    PackerError,
+)
 from packer.writers.lmdb import LmdbShardWriter
 from readers.formats.lmdb_layout import NUM_SAMPLES_KEY, image_key, label_key
 from tests.conftest import write_tree
@@ -193,56 +199,114 @@ def test_existing_out_is_refused_unless_overwrite(tree, tmp_path):
     assert not any(p.name.startswith(".out.") for p in tmp_path.iterdir())
 
 
-def test_failure_mid_build_leaves_no_out(tree, tmp_path, monkeypatch):
-    src, _ = tree
+def shard_files(out: Path) -> dict[str, bytes]:
+    """Every data file of a dataset by relative path (lock.mdb holds no data)."""
+    skip = ("lock.mdb", "meta.json", "index.parquet")
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name not in skip
+    }
+
+
+def test_disk_full_keeps_finished_shards_and_resume_is_identical(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    write_tree(src, {"a": 30, "b": 30})
+    (src / "a" / "bad.png").write_bytes(b"junk")
+    ref = tmp_path / "ref"
+    build(BuildConfig(src=src, out=ref, shard_size=3000))
     out = tmp_path / "out"
-    calls = {"n": 0}
+    calls = {"n": 0, "fail_at": 25}
     original = LmdbShardWriter.write
 
     def failing(self, local, sample_id, record):
         calls["n"] += 1
-        if calls["n"] == 5:
+        if calls["n"] == calls["fail_at"]:
             raise OSError(28, "No space left on device")
         return original(self, local, sample_id, record)
 
     monkeypatch.setattr(LmdbShardWriter, "write", failing)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(DiskFullError, match=r"disk is full .* run the same command with --resume"):
+        build(BuildConfig(src=src, out=out, shard_size=3000))
+    assert not out.exists()
+    tmp = temp_dir_for(out)
+    finished = sorted(p.name for p in tmp.glob("*.done.json"))
+    assert finished
+    calls.update(n=0, fail_at=-1)
+    messages = []
+    build(BuildConfig(src=src, out=out, shard_size=3000, resume=True), log=messages.append)
+    assert any(f"{len(finished)} finished shard(s) kept" in m for m in messages)
+    assert calls["n"] < 60  # the kept shards were not written again
+    assert shard_files(out) == shard_files(ref)
+    assert not tmp.exists()
+
+
+def test_failure_that_is_our_bug_leaves_nothing(tree, tmp_path, monkeypatch):
+    src, _ = tree
+    out = tmp_path / "out"
+
+    def broken(self, local, sample_id, record):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(LmdbShardWriter, "write", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
         build(BuildConfig(src=src, out=out))
     assert not out.exists()
     assert not temp_dir_for(out).exists()
 
 
-def test_kill_9_leaves_no_out(tmp_path):
+@pytest.mark.parametrize("fmt", ["lmdb", "recordio"])
+def test_kill_9_then_resume_is_identical(tmp_path, fmt):
     src = tmp_path / "src"
-    write_tree(src, {"a": 400, "b": 400})
+    write_tree(src, {"a": 300, "b": 300})
+    ref = tmp_path / "ref"
+    build(BuildConfig(src=src, out=ref, format=fmt, shard_size=20_000))
     out = tmp_path / "out.lmdb"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "packer.cli",
-            "build",
-            str(src),
-            str(out),
-            "--workers",
-            "1",
-            "--shard-size",
-            "20KB",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while not (temp_dir_for(out) / "shard-00002").exists():
-        assert proc.poll() is None, "the build finished before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not out.exists()
-    # the next build removes the leftover and completes
-    build(BuildConfig(src=src, out=out))
-    assert json.loads((out / "meta.json").read_text())["num_samples"] == 800
+    args = [
+        sys.executable,
+        "-m",
+        "packer.cli",
+        "build",
+        str(src),
+        str(out),
+        "--workers",
+        "1",
+        "--shard-size",
+        "20KB",
+        "--format",
+        fmt,
+    ]
+    for attempt in range(3):  # killed at a few different moments, resumed each time
+        proc = subprocess.Popen(
+            args + (["--resume"] if attempt else []),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        target = 2 + 3 * attempt
+        while len(list(temp_dir_for(out).glob("*.done.json"))) < target:
+            assert proc.poll() is None, "the build finished before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not out.exists()
+    build(BuildConfig(src=src, out=out, format=fmt, shard_size=20_000, resume=True))
+    assert shard_files(out) == shard_files(ref)
+    assert json.loads((out / "meta.json").read_text())["num_samples"] == 600
+
+
+def test_resume_with_other_options_starts_over(tree, tmp_path):
+    src, files = tree
+    out = tmp_path / "out"
+    tmp = temp_dir_for(out)
+    tmp.mkdir()
+    (tmp / "plan.json").write_text('{"digest": "something else", "shards": []}')
+    (tmp / "shard-00000.done.json").write_text("{}")
+    messages = []
+    build(BuildConfig(src=src, out=out, resume=True), log=messages.append)
+    assert any("cannot resume" in m for m in messages)
+    assert len(rows(out)) == len(files)
 
 
 def test_list_file_labels_and_refusals(tree, tmp_path):

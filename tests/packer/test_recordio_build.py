@@ -17,10 +17,10 @@ from packer.build import build, temp_dir_for
 from packer.cli import app
 from packer.config import BuildConfig
 from packer.encode import prepare
-from packer.errors import InputError
+from packer.errors import DiskFullError, InputError
 from packer.verify import verify
 from packer.writers import recordio as wr
-from packer.writers.base import DatasetWriter
+from packer.writers.base import ShardPart, merge_parts
 from packer.writers.recordio import RecordIOShardWriter, RecordTooLargeForShardError, header_label
 from readers import handles
 from tests.conftest import write_tree
@@ -142,9 +142,10 @@ def test_label_mapping_into_the_header(tree, tmp_path, label, flag, values):
     assert not isinstance(base, type(None))
     root = tmp_path / "w"
     root.mkdir()
-    writer = DatasetWriter(root, RecordIOShardWriter, shard_size=1 << 30)
-    writer.add(replace(base, label=label))
-    writer.close()
+    part = ShardPart(root, 0, RecordIOShardWriter, first_id=0)
+    part.add(replace(base, label=label))
+    part.finish([])
+    merge_parts(root, [0])
     ((_, payload),) = parse_rec((root / "shard-00000.rec").read_bytes())
     got_flag, got_label, got_id, _ = struct.unpack_from("<IfQQ", payload)
     assert got_flag == flag
@@ -221,9 +222,14 @@ def test_failure_mid_build_leaves_no_out(tree, tmp_path, monkeypatch):
         return original(self, local, sample_id, record)
 
     monkeypatch.setattr(RecordIOShardWriter, "write", failing)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(DiskFullError, match="No space left on device"):
         build(BuildConfig(src=src, out=out, format="recordio"))
     assert not out.exists()
+    # what was finished stays hidden for --resume; the unfinished shard is rewritten then
+    assert temp_dir_for(out).exists()
+    monkeypatch.setattr(RecordIOShardWriter, "write", original)
+    build(BuildConfig(src=src, out=out, format="recordio", resume=True))
+    assert verify(out) == []
     assert not temp_dir_for(out).exists()
 
 
