@@ -18,6 +18,7 @@ _EXPORTS = {
     "ShardStream": "readers.stream",
     "load_index": "readers.index",
     "decode_image": "readers.decode",
+    "LoaderStats": "readers.stats",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,237 @@
+"""packer bench: a real DataLoader over a small packed dataset, through the CLI (no timing
+asserts), and the pure parts: recommendation, collate, warnings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from packer import bench
+from packer.bench import BenchRow, Storage, collate, recommend, shm_warnings, storage_warnings
+from packer.build import build
+from packer.cli import app
+from packer.config import BuildConfig, usable_cores
+from tests.conftest import write_tree
+
+runner = CliRunner()
+
+FAST = ["--batch-size", "4", "--batches", "3", "--warmup", "1"]
+
+
+def write_fixed(root: Path, classes: dict[str, int], *, size: int = 16) -> None:
+    """Class folders of same-size PNG/JPEG images, so the default collate stacks them."""
+    rng = np.random.default_rng(0)
+    for cls, count in classes.items():
+        (root / cls).mkdir(parents=True)
+        for i in range(count):
+            image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            ext = ".png" if i % 2 == 0 else ".jpg"
+            ok, buf = cv2.imencode(ext, image)
+            assert ok
+            (root / cls / f"img_{i:03d}{ext}").write_bytes(buf.tobytes())
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    src, out = root / "src", root / "out.lmdb"
+    write_fixed(src, {"a": 10, "b": 10})
+    build(BuildConfig(src=src, out=out, workers=1, progress=False), log=lambda _m: None)
+    return src, out
+
+
+def table_rows(output: str, source: str = "packed") -> dict[int, list[str]]:
+    rows = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if len(cells) >= 6 and cells[0] == source and cells[1].isdigit():
+            rows[int(cells[1])] = cells
+    return rows
+
+
+def test_table_has_a_row_per_worker_count_and_a_recommendation(packed):
+    _, out = packed
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", "0,1,2"])
+    assert result.exit_code == 0, result.output
+    rows = table_rows(result.stdout)
+    assert sorted(rows) == [0, 1, 2]
+    assert all(float(r[2].replace(",", "")) > 0 for r in rows.values())
+    recommended = [line for line in result.stdout.splitlines() if line.startswith("use ")]
+    assert len(recommended) == 1
+    assert int(recommended[0].split("num_workers=")[1].split(":")[0]) in rows
+    assert "20 samples" in result.stdout
+
+
+def test_json_has_the_fields(packed):
+    _, out = packed
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", "0,1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["num_samples"] == 20
+    assert report["format"] == "lmdb"
+    assert [r["num_workers"] for r in report["results"]] == [0, 1]
+    assert report["recommended_num_workers"] in (0, 1)
+    for r in report["results"]:
+        assert r["samples_per_s"] > 0
+        assert r["batches"] == 3
+        assert r["samples"] == 12
+        assert r["mean_wait_ms"] >= 0
+        assert r["batch_bytes"] == 4 * 16 * 16 * 3 + 4 * 8  # images and int64 labels
+        assert r["cpu_cores"] is None or r["cpu_cores"] >= 0
+    assert isinstance(report["warnings"], list)
+    assert report["compare"] == []
+
+
+def test_default_workers_are_zero_to_the_cores(packed):
+    _, out = packed
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [r["num_workers"] for r in report["results"]] == list(range(usable_cores() + 1))
+
+
+def test_workers_above_the_cores_warn(packed):
+    _, out = packed
+    too_many = usable_cores() + 1
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", f"1,{too_many}"])
+    assert result.exit_code == 0, result.output
+    assert f"num_workers={too_many} is above the {usable_cores()} usable cores" in result.stdout
+
+
+def test_compare_times_the_loose_files(packed):
+    src, out = packed
+    args = ["bench", str(out), *FAST, "--workers", "0,1", "--compare", str(src)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert sorted(table_rows(result.stdout, "loose")) == [0, 1]
+    assert "vs loose" in result.stdout
+
+    report = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert report["compare_src"] == str(src)
+    assert [r["source"] for r in report["compare"]] == ["loose", "loose"]
+
+
+def test_compare_refuses_another_tree(packed, tmp_path):
+    _, out = packed
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--compare", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "does not exist; SRC must be the directory the dataset was built from" in (result.output)
+
+
+def test_transform_presets_and_bytes(packed):
+    _, out = packed
+    for extra in (["--transform", "resize224"], ["--transform", "imagenet"], ["--decode", "bytes"]):
+        result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", "1", *extra])
+        assert result.exit_code == 0, (extra, result.output)
+        assert sorted(table_rows(result.stdout)) == [1]
+
+
+def test_images_of_different_sizes_are_timed_as_lists(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out.lmdb"
+    write_tree(src, {"cat": 6, "dog": 6})
+    build(BuildConfig(src=src, out=out, workers=1, progress=False), log=lambda _m: None)
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", "0,1"])
+    assert result.exit_code == 0, result.output
+    assert "the images differ in size" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "a,b"], "expected comma-separated counts"),
+        (["--workers", "-1"], "must be >= 0"),
+        (["--transform", "blur"], "--transform 'blur'"),
+        (["--decode", "bytes", "--transform", "resize224"], "use --transform none"),
+        (["--decode", "cmyk"], "--decode"),
+        (["--batch-size", "0"], "--batch-size 0"),
+    ],
+)
+def test_bad_options_exit_2(packed, args, message):
+    _, out = packed
+    result = runner.invoke(app, ["bench", str(out), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_not_a_dataset_exits_2(tmp_path):
+    result = runner.invoke(app, ["bench", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "packer: error:" in result.output
+
+
+def row(workers: int, rate: float) -> BenchRow:
+    return BenchRow("packed", workers, 10, 640, 1.0, rate, 1.0, 1.0, 1000)
+
+
+def test_recommend_the_smallest_within_95_percent():
+    assert recommend([row(0, 50), row(1, 96), row(2, 100), row(3, 99)]).num_workers == 1
+    assert recommend([row(0, 50), row(1, 94), row(2, 100)]).num_workers == 2
+    assert recommend([row(0, 100), row(1, 60)]).num_workers == 0
+
+
+def test_collate_stacks_same_shapes_and_keeps_lists_otherwise():
+    a, b = np.zeros((4, 4, 3), np.uint8), np.ones((4, 4, 3), np.uint8)
+    images, labels = collate([(a, 1), (b, 2)])
+    assert images.shape == (2, 4, 4, 3)
+    assert labels.dtype == np.int64
+    images, labels = collate([(a, "x"), (np.zeros((5, 4, 3), np.uint8), None)])
+    assert isinstance(images, list)
+    assert labels == ["x", None]
+    images, _ = collate([(b"abc", 0), (b"de", 1)])
+    assert images == [b"abc", b"de"]
+
+
+def test_shm_warnings(monkeypatch):
+    monkeypatch.setattr(bench, "shm_free", lambda: 64 * 2**20)  # docker's default 64 MiB
+    big = 64 * 224 * 224 * 3 * 4  # a batch of 64 float32 224x224 images: 38.5 MB
+    (warning,) = shm_warnings(shared_memory=True, batch_bytes=big, workers=4, prefetch_factor=2)
+    assert "/dev/shm has 67 MB free" in warning
+    assert "--shm-size" in warning
+    assert shm_warnings(shared_memory=True, batch_bytes=1000, workers=4, prefetch_factor=2) == []
+    assert shm_warnings(shared_memory=True, batch_bytes=big, workers=0, prefetch_factor=2) == []
+    (off,) = shm_warnings(shared_memory=False, batch_bytes=1, workers=2, prefetch_factor=2)
+    assert "shared memory is off" in off
+    monkeypatch.setattr(bench, "shm_free", lambda: None)
+    (missing,) = shm_warnings(shared_memory=True, batch_bytes=1, workers=2, prefetch_factor=2)
+    assert "/dev/shm is missing" in missing
+
+
+def test_no_shared_memory_warns(packed):
+    _, out = packed
+    result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", "1", "--no-shared-memory"])
+    assert result.exit_code == 0, result.output
+    assert "warning: shared memory is off" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("storage", "expected"),
+    [
+        (Storage("/mnt/data", "nfs4", "server:/export"), "network or userspace filesystem (nfs4"),
+        (Storage("/mnt/s3", "fuse.s3fs", "s3fs"), "network or userspace filesystem"),
+        (Storage("/", "ext4", "/dev/sda1", "sda", "8:0", True), "on sda, which reports itself"),
+        (Storage("/", "ext4", "/dev/nvme0n1p1", "nvme0n1", "259:0", False), None),
+        (Storage("/dev/shm", "tmpfs", "tmpfs"), None),
+    ],
+)
+def test_storage_warnings(monkeypatch, tmp_path, storage, expected):
+    monkeypatch.setattr(bench, "storage_of", lambda _path: storage)
+    warnings = storage_warnings(tmp_path, 1000)
+    if expected is None:
+        assert warnings == []
+    else:
+        (warning,) = warnings
+        assert expected in warning
+        assert "/dev/shm or a local SSD" in warning
+
+
+def test_storage_of_finds_the_mount_of_a_real_path(tmp_path):
+    where = bench.storage_of(tmp_path)
+    assert where is not None
+    assert str(tmp_path).startswith(where.mountpoint)
+    assert where.fstype
