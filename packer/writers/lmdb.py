@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,13 @@ class LmdbShardWriter(ShardWriter):
                 txn.abort()
                 self.map_size *= 2
                 self.env.set_mapsize(self.map_size)
+            except lmdb.Error as exc:
+                # LMDB reports a short write as EIO; tell a full disk apart by its free space
+                st = os.statvfs(self.base)
+                needed = sum(len(k) + len(v) for k, v in items) + (1 << 20)
+                if st.f_bavail * st.f_frsize < needed:
+                    raise OSError(errno.ENOSPC, f"No space left on device ({exc})") from exc
+                raise
         self._pending = []
         self._pending_bytes = 0
 
