@@ -7,7 +7,6 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -16,13 +15,14 @@ import numpy as np
 warnings.filterwarnings("ignore", message="No ccache found")
 import paddle
 
-from readers import LmdbDataset
+from readers import ChunkShuffleBatchSampler, LmdbDataset
 
 
 class LooseFiles(paddle.io.Dataset):  # type: ignore[misc]
     """The baseline: one file open and decode per sample, the same OpenCV decode."""
 
     def __init__(self, root: Path) -> None:
+        self.root = root
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         self.items = [
             (str(p), i) for i, c in enumerate(classes) for p in sorted((root / c).iterdir())
@@ -53,19 +53,33 @@ def samples_per_second(
     *,
     workers: int,
     epochs: int,
-    before_epoch: Callable[[], None] = lambda: None,
+    cold: bool = False,
 ) -> float:
+    """Median samples/s over `epochs` (after one warm-up epoch).
+
+    Cold runs drop the files' pages before each epoch.
+    """
+    batches = None
+    if isinstance(dataset, LmdbDataset):  # the packed dataset in its cache-friendly order
+        batches = ChunkShuffleBatchSampler(dataset, batch_size=64, rank=0, world_size=1)
     loader = paddle.io.DataLoader(
         dataset,
-        batch_size=64,
-        shuffle=True,
+        batch_sampler=batches,
+        batch_size=1 if batches else 64,
+        shuffle=batches is None,
         num_workers=workers,
         use_shared_memory=True,
-        persistent_workers=workers > 0,
+        # not persistent: paddle's persistent workers sleep 0.5 s at every epoch start, a large
+        # share of these short epochs; and pages a live worker maps cannot be evicted
+        persistent_workers=False,
     )
+    root = Path(dataset.root) if isinstance(dataset, LmdbDataset) else dataset.root
     rates = []
     for epoch in range(epochs + 1):
-        before_epoch()
+        if batches is not None:
+            batches.set_epoch(epoch)
+        if cold:
+            evict(root)
         start = time.perf_counter()
         n = 0
         for images, _labels in loader:
@@ -89,18 +103,14 @@ def main() -> None:
         f"LmdbDataset: {len(packed)} samples; sample 0: {image.shape} {image.dtype}, label {label}"
     )
     rates = {}
-    for name, ds, root in (
-        ("LmdbDataset", packed, args.packed),
-        ("loose files", LooseFiles(args.loose), args.loose),
-    ):
+    for name, ds in (("LmdbDataset", packed), ("loose files", LooseFiles(args.loose))):
         warm = samples_per_second(ds, workers=args.workers, epochs=args.epochs)
-        cold = samples_per_second(
-            ds, workers=args.workers, epochs=args.epochs, before_epoch=lambda r=root: evict(r)
-        )
+        cold = samples_per_second(ds, workers=args.workers, epochs=args.epochs, cold=True)
         rates[name] = (warm, cold)
     print(
         f"DataLoader(batch_size=64, num_workers={args.workers}) on {os.cpu_count()} cores, "
-        f"median of {args.epochs} epochs (cold: page cache dropped before each epoch):"
+        f"median of {args.epochs} epochs; LMDB in ChunkShuffleBatchSampler order, loose "
+        "files shuffled; cold: the page cache dropped before each epoch"
     )
     print(f"  {'':14}{'warm':>10}{'cold':>10}  samples/s")
     for name, (warm, cold) in rates.items():
