@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from packer.config import BuildConfig, parse_size, usable_cores
-from packer.encode import Transform, parse_resize
+from packer.encode import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from packer.errors import ConfigError, PackerError
 from readers.errors import ReaderError
 
@@ -25,10 +25,18 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _transform(resize: str | None, encode: str, quality: int) -> Transform:
+def _transform(
+    resize: str | None, encode: str, quality: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> Transform:
     try:
         short, fit = parse_resize(resize)
-        return Transform(short=short, fit=fit, encode=encode, quality=quality)
+        return Transform(
+            short=short,
+            fit=fit,
+            encode=encode,
+            quality=quality,
+            max_pixels=max_pixels or None,
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -111,6 +119,13 @@ def build(
         ),
     ] = "keep",
     quality: Annotated[int, typer.Option(help="JPEG quality for --encode jpeg.")] = 95,
+    max_pixels: Annotated[
+        int,
+        typer.Option(
+            help="Refuse images whose header gives more pixels than this (width x height), "
+            "before decoding them (too_many_pixels in errors.jsonl); 0: no limit but OpenCV's.",
+        ),
+    ] = DEFAULT_MAX_PIXELS,
 ) -> None:
     """Pack SRC into the dataset directory OUT (written atomically)."""
     from packer.build import build as run_build
@@ -130,7 +145,7 @@ def build(
             overwrite=overwrite,
             resume=resume,
             progress=progress,
-            transform=_transform(resize, encode, quality),
+            transform=_transform(resize, encode, quality, max_pixels),
         )
         summary = run_build(cfg)
     except PackerError as exc:

@@ -1,15 +1,22 @@
-"""Per-input problems: a path, a stable reason code and a message, as in errors.jsonl."""
+"""Per-input problems and notes: a path, a stable reason code and a message.
+
+A `Problem` is an input that was NOT packed (one line of ``errors.jsonl``); a `Note` is an
+input that WAS packed but that the user should know about (one line of ``warnings.jsonl``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-# Stable reason codes; errors.jsonl and the tests rely on them.
+# Stable reason codes of skipped inputs; errors.jsonl and the tests rely on them.
 EMPTY = "empty"  # zero-byte file
-UNREADABLE = "unreadable"  # open/read failed
+UNREADABLE = "unreadable"  # open/read failed, or the file vanished after the scan
 NOT_IMAGE = "not_image"  # content is not a known image format
 UNDECODABLE = "undecodable"  # looks like an image but does not decode
 TRUNCATED = "truncated"  # JPEG/PNG whose end marker is missing
+TOO_MANY_PIXELS = "too_many_pixels"  # header dimensions above --max-pixels: never decoded
+CHANGED = "changed"  # the file changed while it was being read (a torn read)
 NOT_REGULAR = "not_regular"  # FIFO, socket, device: never opened
 BROKEN_LINK = "broken_link"  # a symlink to nothing
 SYMLINK_LOOP = "symlink_loop"  # a directory reached twice through links
@@ -19,6 +26,16 @@ NO_LABEL = "no_label"  # labels required but this image has none
 MISSING = "missing"  # a list entry whose file does not exist
 DUPLICATE = "duplicate"  # a list entry seen before
 BAD_LINE = "bad_line"  # a list-file line that does not parse
+
+# Stable reason codes of packed inputs with a caveat (warnings.jsonl).
+EXTENSION_MISMATCH = "extension_mismatch"  # content is another image format than the name says
+EXIF_ORIENTATION = "exif_orientation"  # an EXIF orientation other than 1 (see encode.py)
+NAME_COLLISION = "name_collision"  # same path as another one when case/Unicode form is ignored
+
+NOTE_REASONS = frozenset({EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION})
+
+# The file of a packed dataset that lists the notes, one JSON object per line.
+WARNINGS_NAME = "warnings.jsonl"
 
 
 @dataclass(frozen=True)
@@ -31,3 +48,21 @@ class Problem:
 
     def as_json(self) -> dict[str, str]:
         return {"path": self.path, "reason": self.reason, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Note:
+    """One input that was packed as it is, with something worth knowing about it."""
+
+    path: str
+    reason: str
+    message: str
+
+    def as_json(self, sample_id: int | None = None) -> dict[str, Any]:
+        """The ``warnings.jsonl`` object: path, reason, message, ``packed: true`` and the
+        sample id when given."""
+        obj: dict[str, Any] = {"path": self.path, "reason": self.reason, "message": self.message}
+        obj["packed"] = True
+        if sample_id is not None:
+            obj["id"] = sample_id
+        return obj

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from packer import problems as P
-from packer.problems import Problem
+from packer.problems import Note, Problem
 from readers.formats.images import IMAGE_EXTENSIONS
 
 # Label and metadata files that live beside images; never reported as "not an image".
@@ -173,3 +177,57 @@ def resolve_entry(src: Path, rel: str) -> tuple[SourceFile | None, Problem | Non
     if not stat.S_ISREG(info.st_mode):
         return None, Problem(norm, P.NOT_REGULAR, "not a regular file")
     return SourceFile(norm, path), None
+
+
+def fold_name(rel: str) -> str:
+    """`rel` as a case-insensitive, normalization-insensitive file system sees it (Unicode
+    canonical caseless matching: ``NFD(casefold(NFD(rel)))``)."""
+    if rel.isascii():
+        return rel.lower()
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", rel).casefold())
+
+
+def name_collisions(rels: Iterable[str]) -> list[Note]:
+    """Paths that differ only by case or Unicode normalization (``A.png``/``a.png``, NFC/NFD).
+
+    Policy: every such path is a different file on the file system we read, so all are packed;
+    each one after the first (in sorted order) of a group gets a ``name_collision`` note,
+    because the paths would name one file on a case-insensitive or normalizing file system
+    (macOS, Windows) and label files that match names loosely could confuse them.
+
+    Names are compared by a 64-bit hash first (about 16 bytes per path beyond the list), and
+    only the paths whose hashes collide are folded again and grouped.
+    """
+    names = list(rels)
+    if len(names) < 2:
+        return []
+    hashes = np.fromiter((hash(fold_name(r)) for r in names), dtype=np.int64, count=len(names))
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if same.size == 0:
+        return []
+    candidates = np.union1d(order[same], order[same + 1])
+    groups: dict[str, list[str]] = {}
+    for i in candidates.tolist():
+        groups.setdefault(fold_name(names[i]), []).append(names[i])
+    notes = []
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first, *rest = sorted(group)
+        for rel in rest:
+            if unicodedata.normalize("NFC", rel) == unicodedata.normalize("NFC", first):
+                how = f"the same text in another Unicode normalization form: {first!a}, {rel!a}"
+            else:
+                how = "a name that differs only by letter case"
+            notes.append(
+                Note(
+                    _printable(rel),
+                    P.NAME_COLLISION,
+                    f"collides with {_printable(first)!r} ({how}); both packed, but they would "
+                    "be one file on a case-insensitive or normalizing file system (macOS, "
+                    "Windows)",
+                )
+            )
+    notes.sort(key=lambda n: n.path)
+    return notes

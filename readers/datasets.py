@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import warnings
@@ -10,13 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import cv2
 import numpy as np
 import paddle
 
 from readers import handles
 from readers.decode import check_mode, decode_image, decode_raw
 from readers.errors import DatasetFormatError, RecordError
-from readers.formats.layout import META_NAME
+from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.formats.lmdb_layout import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
 from readers.formats.recordio import (
     IR_HEADER,
@@ -36,9 +38,12 @@ IDX_SUFFIX = ".idx"
 _REC_HEAD = struct.Struct("<II")
 
 
+ON_ERROR = ("raise", "skip")
+
+
 class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     """What every packed format shares: options, the index, lazy per-process handles,
-    bounds checks, pickling without handles, transform.
+    bounds checks, pickling without handles, transform, the ``on_error`` policy.
 
     A subclass sets ``_shard_paths`` and ``shard_bounds`` (and ``index`` for a packed
     dataset), and implements ``_open(path)`` and ``_read(i, shard, as_bytes=...)``.
@@ -53,12 +58,21 @@ class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         decode: str,
         *,
         verify_crc: bool,
+        on_error: str = "raise",
     ) -> None:
         check_mode(decode)
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         self.root = Path(path)
         self.transform = transform
         self.decode = decode
         self.verify_crc = verify_crc
+        self.on_error = on_error
+        self.skipped = 0
+        """Samples this process replaced by another (``on_error="skip"``); a DataLoader
+        worker's count stays in that worker."""
+        self._bad: set[int] = set()
+        self._warned = False
         self.index: DatasetIndex | None = None
         self.shard_bounds: np.ndarray = np.zeros(1, dtype=np.int64)
         self._shard_paths: list[str] = []
@@ -84,15 +98,19 @@ class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     def _stores_raw(self) -> bool:
         """Whether the packed dataset holds decoded pixels (``--encode raw``)."""
         try:
-            return bool(load_meta(self.root).get("options", {}).get("encode") == "raw")
+            options = load_meta(self.root).get("options")
         except DatasetFormatError:
             return False
+        return isinstance(options, dict) and options.get("encode") == "raw"
 
     def _decode(self, buf: Any, i: int) -> Any:
         if self._raw_dims is not None:
             h, w, c = self._raw_dims
             return decode_raw(buf, int(h[i]), int(w[i]), int(c[i]), self.decode)
-        return decode_image(buf, self.decode)
+        try:
+            return decode_image(buf, self.decode)
+        except cv2.error as exc:  # some corrupt headers make OpenCV raise instead of fail
+            raise ValueError(f"OpenCV: {exc}") from exc
 
     @property
     def format_title(self) -> str:
@@ -102,6 +120,9 @@ class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         state = self.__dict__.copy()
         state["_handles"] = []
         state["_generation"] = -1
+        state["skipped"] = 0  # counts are per process
+        state["_bad"] = set()
+        state["_warned"] = False
         return state
 
     def __len__(self) -> int:
@@ -178,10 +199,45 @@ class _ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         n, shard = self._locate(int(i))
-        image, label = self._read(n, shard, as_bytes=False)
+        try:
+            image, label = self._read(n, shard, as_bytes=False)
+        except RecordError as exc:
+            if self.on_error != "skip":
+                raise
+            image, label = self._substitute(n, exc)
         if self.transform is not None:
             image = self.transform(image)
         return image, label
+
+    def _substitute(self, i: int, error: RecordError) -> tuple[Any, Any]:
+        """The next readable sample after `i` in id order (wrapping), for ``on_error="skip"``.
+
+        Deterministic: the same bad sample is always replaced by the same good one, in every
+        process and epoch, whatever was read before; samples found bad are remembered (per
+        process) so that a run of them is not re-read at every call.
+        """
+        self._bad.add(i)
+        self.skipped += 1
+        n = len(self)
+        for step in range(1, n):
+            j = (i + step) % n
+            if j in self._bad:
+                continue
+            try:
+                found = self._read(j, self._locate(j)[1], as_bytes=False)
+            except RecordError:
+                self._bad.add(j)
+                continue
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"{error}; returning sample {j} in its place (on_error='skip'). Further "
+                    "bad samples are replaced without a warning and counted in .skipped",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return found
+        raise RecordError(f"{self.root}: no sample of {n} could be read (the first: {error})")
 
 
 class LmdbDataset(_ShardedDataset):
@@ -195,8 +251,17 @@ class LmdbDataset(_ShardedDataset):
             holding ``data.mdb`` with ``num-samples``/``image-%09d``/``label-%09d`` keys).
         transform: applied to the decoded image.
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
-            bytes untouched).
+            bytes untouched). ``rgb``/``bgr``/``gray`` apply an image's EXIF orientation as
+            ``cv2.imread`` does; ``unchanged`` gives the stored pixel grid.
         verify_crc: check each record's CRC-32 against the index on read.
+        on_error: ``raise`` (default): a sample that cannot be read, decoded or checked
+            raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
+            order (wrapping), counted in ``skipped``, with one warning per process. Damage to
+            the dataset's structure (a missing or cut shard) always raises.
+
+    Raises:
+        DatasetFormatError: the path is not a dataset, its files disagree, or a shard listed
+            in meta.json is missing (a shard cut short is found when it is first opened).
     """
 
     format = "lmdb"
@@ -208,11 +273,18 @@ class LmdbDataset(_ShardedDataset):
         decode: str = "rgb",
         *,
         verify_crc: bool = False,
+        on_error: str = "raise",
     ) -> None:
-        super().__init__(path, transform, decode, verify_crc=verify_crc)
+        super().__init__(path, transform, decode, verify_crc=verify_crc, on_error=on_error)
         if (self.root / META_NAME).exists():
             index = self._load_packed()
             self._shard_paths = [str(self.root / n) for n in index.shard_names]
+            for number, shard_dir in enumerate(self._shard_paths):
+                if not os.path.isfile(os.path.join(shard_dir, DATA_FILE)):
+                    raise DatasetFormatError(
+                        f"{os.path.join(shard_dir, DATA_FILE)}: missing ({META_NAME} lists "
+                        f"{len(self._shard_paths)} shards; this is shard {number})"
+                    )
         elif (self.root / DATA_FILE).exists():
             self._shard_paths = [str(self.root)]
             env = handles.shared_lmdb(str(self.root))
@@ -338,6 +410,20 @@ def _header_at(buf: Any, offset: int) -> tuple[IRHeader, Any, int]:
     return header, label, len(image)
 
 
+def _cut_short(buf: Any, offset: int) -> str | None:
+    """How the one-part record at `offset` runs past the end of `buf`, or None when it does
+    not (a record that is damaged in another way is left to the read that meets it)."""
+    size = len(buf)
+    if offset + _REC_HEAD.size > size:
+        return f"needs {_REC_HEAD.size} header bytes but the file ends at byte {size}"
+    magic, lrec = _REC_HEAD.unpack_from(buf, offset)
+    cflag, length = decode_lrec(lrec)
+    end = offset + _REC_HEAD.size + length
+    if magic == MAGIC and cflag == 0 and end > size:
+        return f"is {length} bytes long and would end at byte {end}, past the end ({size} bytes)"
+    return None
+
+
 def _int_labels(values: list[Any]) -> np.ndarray | None:
     """The labels as int64 when every one is a single integral number, else None."""
     if not values or not all(isinstance(v, float) and v.is_integer() for v in values):
@@ -367,6 +453,12 @@ class RecordIODataset(_ShardedDataset):
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
         verify_crc: check each record's CRC-32 against the index on read (packed datasets).
+        on_error: ``raise`` (default) or ``skip``, as for `LmdbDataset`.
+
+    Raises:
+        DatasetFormatError: the path is not a dataset or its files disagree: a shard missing
+            or cut short, or an offset of a shard's first or last sample that does not point
+            at its record (every other offset is checked when read, and by ``packer verify``).
     """
 
     format = "recordio"
@@ -378,8 +470,9 @@ class RecordIODataset(_ShardedDataset):
         decode: str = "rgb",
         *,
         verify_crc: bool = False,
+        on_error: str = "raise",
     ) -> None:
-        super().__init__(path, transform, decode, verify_crc=verify_crc)
+        super().__init__(path, transform, decode, verify_crc=verify_crc, on_error=on_error)
         self.keys: np.ndarray | None = None
         """The ``.idx`` key of every sample of a bare pair (header ids when scanned)."""
         self.meta_label: np.ndarray | None = None
@@ -397,6 +490,8 @@ class RecordIODataset(_ShardedDataset):
                 )
             self.offsets: np.ndarray = index.offset
             self._shard_paths = [str(self.root / f"{n}{REC_SUFFIX}") for n in index.shard_names]
+            for shard in range(len(self._shard_paths)):
+                self._check_shard(shard)
             return
         pair = find_recordio_pair(self.root)
         if pair is None:
@@ -415,6 +510,52 @@ class RecordIODataset(_ShardedDataset):
 
     def _open(self, path: str) -> Any:
         return handles.shared_mmap(path)
+
+    def _check_shard(self, shard: int) -> None:
+        """A packed shard exists, holds every offset, and its first and last offsets point at
+        the records of those samples (a cut ``.rec`` fails here, not mid-epoch)."""
+        path = self._shard_paths[shard]
+        lo, hi = int(self.shard_bounds[shard]), int(self.shard_bounds[shard + 1])
+        try:
+            buf = handles.open_mmap_readonly(path)
+        except OSError as exc:
+            raise DatasetFormatError(
+                f"{path}: cannot open ({exc.strerror or exc}); {META_NAME} lists it as shard "
+                f"{shard}"
+            ) from exc
+        try:
+            size = len(buf)
+            if hi == lo:
+                return
+            offsets = self.offsets[lo:hi]
+            if int(offsets.max()) >= size:
+                at = lo + int(np.argmax(offsets >= size))
+                raise DatasetFormatError(
+                    f"{path}: {INDEX_NAME} line {at + 1} (sample {at}) gives offset "
+                    f"{int(self.offsets[at])}, past the end of the file ({size} bytes); is the "
+                    "shard cut short?"
+                )
+            for i in sorted({lo, hi - 1}):
+                offset = int(self.offsets[i])
+                cut = _cut_short(buf, offset)
+                if cut is not None:
+                    raise DatasetFormatError(
+                        f"{path}: the record at offset {offset} ({INDEX_NAME} line {i + 1}, "
+                        f"sample {i}) {cut}; is the shard cut short?"
+                    )
+                try:
+                    header, _, _ = _header_at(buf, offset)
+                except RecordIOError:
+                    continue  # a damaged record: a RecordError when read (on_error applies)
+                if header.id != i:
+                    raise DatasetFormatError(
+                        f"{path}: offset {offset} ({INDEX_NAME} line {i + 1}) holds the record "
+                        f"of sample {header.id}, not of sample {i}; is the index from another "
+                        "build?"
+                    )
+        finally:
+            if isinstance(buf, mmap.mmap):
+                buf.close()
 
     def _byte_range(self, shard: int, lo: int, hi: int) -> tuple[str, int, int] | None:
         begin = int(self.offsets[lo])
@@ -439,6 +580,12 @@ class RecordIODataset(_ShardedDataset):
             raise DatasetFormatError(
                 f"{idx}: key {int(keys[at])} has offset {int(offsets[at])}, past the end of "
                 f"{rec} ({size} bytes); is the .rec cut short or the .idx from another file?"
+            )
+        last = int(offsets.max())
+        cut = _cut_short(buf, last)
+        if cut is not None:
+            raise DatasetFormatError(
+                f"{rec}: the last record (offset {last}, from {idx}) {cut}; is the .rec cut short?"
             )
         zero = np.flatnonzero(keys == 0)
         if zero.size:

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from readers.errors import DatasetFormatError
+
 _lock = threading.Lock()
 _handles: dict[tuple[str, str], Any] = {}
 # Bumped in a forked child so that datasets know their cached handles are stale.
@@ -51,19 +53,47 @@ def shared_handle(kind: str, path: str, opener: Callable[[str], Any]) -> Any:
 
 
 def open_lmdb_readonly(path: str) -> Any:
-    """Open an LMDB environment for reading only: no lock file, no write access needed."""
+    """Open an LMDB environment for reading only: no lock file, no write access needed.
+
+    LMDB maps the file and reads pages straight from the mapping, so a ``data.mdb`` cut short
+    (an interrupted copy, a full disk) would kill the process with SIGBUS at the first read
+    past its end.  The file's size is therefore checked against the last page the
+    environment uses before the environment is handed out.
+
+    Raises:
+        DatasetFormatError: not an LMDB, or its data file is shorter than its pages.
+    """
     import lmdb
 
-    return lmdb.open(
-        path,
-        readonly=True,
-        lock=False,
-        readahead=False,
-        meminit=False,
-        max_readers=2048,
-        subdir=True,
-        create=False,
-    )
+    data = os.path.join(path, "data.mdb")
+    try:
+        env = lmdb.open(
+            path,
+            readonly=True,
+            lock=False,
+            readahead=False,
+            meminit=False,
+            max_readers=2048,
+            subdir=True,
+            create=False,
+        )
+    except lmdb.Error as exc:
+        raise DatasetFormatError(f"{data}: cannot open as an LMDB ({exc})") from exc
+    try:
+        page = int(env.stat()["psize"])
+        last = int(env.info()["last_pgno"])
+        size = os.path.getsize(data)
+    except (lmdb.Error, OSError) as exc:
+        env.close()
+        raise DatasetFormatError(f"{data}: cannot read the LMDB header ({exc})") from exc
+    needed = (last + 1) * page
+    if size < needed:
+        env.close()
+        raise DatasetFormatError(
+            f"{data}: {size} bytes, but its last page (number {last}, {page}-byte pages) ends at "
+            f"byte {needed}: the file is cut short (an interrupted copy or a full disk?)"
+        )
+    return env
 
 
 def shared_lmdb(path: str) -> Any:

@@ -14,12 +14,12 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from readers.errors import DatasetFormatError
-from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
+from readers.formats.layout import FORMAT_VERSION, INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
 
 # Columns a reader needs; the rest (path, width, ...) are loaded only when asked for.
 CORE_COLUMNS = ("nbytes", "crc32", "offset")
@@ -125,21 +125,76 @@ class DatasetIndex:
         return None
 
 
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _plain_name(name: Any) -> bool:
+    """A file name inside the dataset directory: no separators, not ``.``/``..``."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in ("/", "\\", "\0"))
+    )
+
+
 def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``meta.json`` of the dataset at `root`."""
+    """Read and check ``meta.json`` of the dataset at `root`.
+
+    Raises:
+        DatasetFormatError: missing, not JSON, or a field readers rely on (``format``,
+            ``version``, ``num_samples``, the ``shards`` table, ``num_shards``) is absent or of
+            the wrong type; the message names the file and the field.
+    """
     path = Path(root) / META_NAME
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
     except (FileNotFoundError, NotADirectoryError):
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise DatasetFormatError(f"{path}: not valid JSON ({exc})") from exc
     except OSError as exc:
         raise DatasetFormatError(f"{path}: cannot read ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise DatasetFormatError(f"{path}: expected a JSON object, found {type(meta).__name__}")
     for key in ("format", "version", "num_samples", "shards"):
         if key not in meta:
             raise DatasetFormatError(f"{path}: field {key!r} is missing")
+    if not isinstance(meta["format"], str):
+        raise DatasetFormatError(f"{path}: format is {meta['format']!r}, expected a string")
+    version = meta["version"]
+    if not _is_int(version) or version < 1:
+        raise DatasetFormatError(f"{path}: version is {version!r}, expected an integer >= 1")
+    if version > FORMAT_VERSION:
+        raise DatasetFormatError(
+            f"{path}: format version {version} was written by a newer packer; this reader knows "
+            f"versions up to {FORMAT_VERSION}"
+        )
+    if not _is_int(meta["num_samples"]) or meta["num_samples"] < 0:
+        raise DatasetFormatError(
+            f"{path}: num_samples is {meta['num_samples']!r}, expected an integer >= 0"
+        )
+    shards = meta["shards"]
+    if not isinstance(shards, list):
+        raise DatasetFormatError(f"{path}: shards is {type(shards).__name__}, expected a list")
+    for n, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise DatasetFormatError(f"{path}: shard {n} is {shard!r}, expected an object")
+        if not _plain_name(shard.get("name")):
+            raise DatasetFormatError(
+                f"{path}: shard {n} has name {shard.get('name')!r}, expected a file name in "
+                "the dataset directory"
+            )
+        for key in ("first", "count"):
+            if not _is_int(shard.get(key)) or shard[key] < 0:
+                raise DatasetFormatError(
+                    f"{path}: shard {n} has {key} {shard.get(key)!r}, expected an integer >= 0"
+                )
+    if "num_shards" in meta and meta["num_shards"] != len(shards):
+        raise DatasetFormatError(
+            f"{path}: num_shards is {meta['num_shards']!r} but the shard table lists {len(shards)}"
+        )
     return dict(meta)
 
 
@@ -162,19 +217,53 @@ def _shard_table(meta: dict[str, Any], where: Path) -> tuple[np.ndarray, list[st
     return np.asarray(bounds, dtype=np.int64), names
 
 
+_INT64_MAX = 2**63 - 1
+_UINT32_MAX = 2**32 - 1
+
+
 def _labels_from_texts(texts: list[str]) -> Labels:
     import pyarrow as pa
 
     values = [json.loads(t) for t in texts]
     if all(v is None for v in values):
         return Labels("none")
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if all(_is_int(v) and -_INT64_MAX - 1 <= v <= _INT64_MAX for v in values):
         return Labels("int", ints=np.asarray(values, dtype=np.int64))
     return Labels("json", texts=pa.array(texts, type=pa.large_string()))
 
 
+def _check_row(row: Any, n: int, shard: int, extra: tuple[str, ...]) -> str | None:
+    """What is wrong with the index object on line ``n + 1``, or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, found {type(row).__name__}"
+    if not _is_int(row.get("id")) or row["id"] != n:
+        return f"id is {row.get('id')!r}, expected {n} (id = line number)"
+    for key in ("nbytes", "crc32"):
+        value = row.get(key)
+        if not _is_int(value) or not 0 <= value <= _UINT32_MAX:
+            return f"{key} is {value!r}, expected an integer in 0..2**32-1"
+    offset = row.get("offset")
+    if offset is not None and (not _is_int(offset) or not 0 <= offset <= _INT64_MAX):
+        return f"offset is {offset!r}, expected an integer >= 0"
+    if "shard" in row and row["shard"] != shard:
+        return (
+            f"shard is {row['shard']!r}, but the shard table of {META_NAME} puts sample {n} in "
+            f"shard {shard}"
+        )
+    for name in extra:
+        value = row.get(name)
+        if value is None:
+            continue
+        if name in ("path", "format"):
+            if not isinstance(value, str):
+                return f"{name} is {value!r}, expected a string"
+        elif not _is_int(value) or not 0 <= value <= _INT64_MAX:
+            return f"{name} is {value!r}, expected an integer >= 0"
+    return None
+
+
 def _load_jsonl(
-    root: Path, extra: tuple[str, ...]
+    root: Path, extra: tuple[str, ...], bounds: np.ndarray
 ) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
     path = root / INDEX_NAME
     nbytes: list[int] = []
@@ -183,29 +272,36 @@ def _load_jsonl(
     label_texts: list[str] = []
     extras: dict[str, list[Any]] = {name: [] for name in extra}
     try:
-        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
+    except OSError as exc:
+        raise DatasetFormatError(f"{path}: cannot read ({exc})") from exc
+    shard = 0
+    last_shard = max(0, len(bounds) - 2)
     with f:
-        for n, line in enumerate(f):
-            if not line.endswith("\n"):
+        for n, raw in enumerate(f):
+            if not raw.endswith(b"\n"):
                 raise DatasetFormatError(
                     f"{path}:{n + 1}: the last line is cut short (torn write?)"
                 )
+            while shard < last_shard and n >= bounds[shard + 1]:
+                shard += 1
             try:
-                row = json.loads(line)
-                if row["id"] != n:
-                    raise DatasetFormatError(
-                        f"{path}:{n + 1}: id is {row['id']}, expected {n} (id = line number)"
-                    )
-                nbytes.append(row["nbytes"])
-                crc.append(row["crc32"])
-                offset.append(row.get("offset", -1))
-                label_texts.append(json.dumps(row.get("label"), ensure_ascii=False))
-                for name in extra:
-                    extras[name].append(row.get(name))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DatasetFormatError(f"{path}:{n + 1}: bad index line ({exc!r})") from exc
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise DatasetFormatError(f"{path}:{n + 1}: not UTF-8 ({exc})") from exc
+            except (ValueError, RecursionError) as exc:
+                raise DatasetFormatError(f"{path}:{n + 1}: not JSON ({exc})") from exc
+            wrong = _check_row(row, n, shard, extra)
+            if wrong is not None:
+                raise DatasetFormatError(f"{path}:{n + 1}: {wrong}")
+            nbytes.append(row["nbytes"])
+            crc.append(row["crc32"])
+            offset.append(-1 if row.get("offset") is None else row["offset"])
+            label_texts.append(json.dumps(row.get("label"), ensure_ascii=False))
+            for name in extra:
+                extras[name].append(row.get(name))
     cols: dict[str, np.ndarray] = {
         "nbytes": np.asarray(nbytes, dtype=np.uint32),
         "crc32": np.asarray(crc, dtype=np.uint32),
@@ -252,7 +348,7 @@ def _load_parquet(
             return None
         # offsets: where each record starts in its RecordIO file, or where its image bytes
         # start in the LMDB data file (for page-cache hints; written by packer >= 0.1)
-        wanted = ["nbytes", "crc32", "offset", *extra]
+        wanted = ["nbytes", "crc32", "offset", "shard", *extra]
         wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
         table = pq.read_table(pq_path, columns=wanted)
     except (OSError, ValueError, KeyError) as exc:
@@ -279,6 +375,7 @@ def _columns_from_table(
             if "offset" in table.column_names
             else np.empty(0, np.int64)
         ),
+        "shard": _column(table, "shard", np.int32, fill=-1),
     }
     if label_kind == "int":
         labels = Labels("int", ints=_column(table, "label_int", np.int64))
@@ -291,6 +388,26 @@ def _columns_from_table(
         column = table.column(name).combine_chunks()
         extra_cols[name] = column if name in ("path", "format") else column.fill_null(-1).to_numpy()
     return cols, labels, extra_cols
+
+
+def _check_shard_column(shard: np.ndarray, bounds: np.ndarray, where: Path) -> None:
+    """Each sample's shard in the columnar index agrees with meta.json's shard table."""
+    if len(shard) != int(bounds[-1]):
+        return  # the count check below names the disagreement
+    ok = bool((shard[1:] >= shard[:-1]).all()) if len(shard) > 1 else True
+    for number in range(len(bounds) - 1):
+        lo, hi = int(bounds[number]), int(bounds[number + 1])
+        if ok and hi > lo:
+            ok = int(shard[lo]) == number and int(shard[hi - 1]) == number
+        if not ok:
+            break
+    if not ok:
+        wrong = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)) != shard
+        at = int(np.argmax(wrong))
+        raise DatasetFormatError(
+            f"{where}: sample {at} is in shard {int(shard[at])}, but the shard table of "
+            f"{META_NAME} puts it in shard {int(np.searchsorted(bounds, at, side='right')) - 1}"
+        )
 
 
 def load_index(
@@ -311,13 +428,16 @@ def load_index(
     bounds, names = _shard_table(meta, root / META_NAME)
     loaded = _load_parquet(root, meta, extra) if prefer_columnar else None
     if loaded is None:
-        loaded = _load_jsonl(root, extra)
+        loaded = _load_jsonl(root, extra, bounds)
     cols, labels, extra_cols = loaded
     if len(cols["nbytes"]) != int(meta["num_samples"]):
         raise DatasetFormatError(
             f"{root / INDEX_NAME}: {len(cols['nbytes'])} lines but {META_NAME} says "
             f"num_samples = {meta['num_samples']}"
         )
+    shard = cols.pop("shard", None)
+    if shard is not None:
+        _check_shard_column(shard, bounds, root / INDEX_COLUMNAR_NAME)
     offset: np.ndarray | None = cols["offset"]
     if meta["format"] != "recordio":
         # LMDB: optional, and only from index.parquet; None unless known for every record
