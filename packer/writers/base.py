@@ -105,6 +105,7 @@ def part_paths(root: Path, number: int) -> dict[str, Path]:
     return {
         "rows": root / f"{name}.part.jsonl",
         "errors": root / f"{name}.errors.jsonl",
+        "notes": root / f"{name}.notes.jsonl",
         "offsets": root / f"{name}.offsets.npy",
         "done": root / f"{name}.done.json",
     }
@@ -148,6 +149,7 @@ class ShardPart:
         self.count = 0
         self.bytes = 0
         self.label_kinds: set[str] = set()
+        self.notes: list[dict[str, Any]] = []  # Record.notes, with the shard-local position
         self._rows = open(self.paths["rows"], "w", encoding="utf-8", newline="\n")  # noqa: SIM115
 
     def add(self, record: Record) -> None:
@@ -166,6 +168,7 @@ class ShardPart:
         )
         self._rows.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
         self.label_kinds.add(_label_kind(record.label))
+        self.notes.extend({"local": self.count, **n.as_json()} for n in record.notes)
         self.count += 1
         self.bytes += len(record.data)
 
@@ -181,11 +184,12 @@ class ShardPart:
         self._rows.flush()
         os.fsync(self._rows.fileno())
         self._rows.close()
-        with open(self.paths["errors"], "w", encoding="utf-8") as f:
-            for p in problems:
-                f.write(json.dumps(p.as_json(), ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        for key, objs in (("errors", [p.as_json() for p in problems]), ("notes", self.notes)):
+            with open(self.paths[key], "w", encoding="utf-8") as f:
+                for obj in objs:
+                    f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         done = {
             "number": self.number,
             "first": self.first_id,
@@ -288,6 +292,7 @@ class MergeResult:
         self.index_sha256 = index.index_sha256
         self.shards = shards
         self.problems = problems
+        self.notes: list[dict[str, Any]] = []  # warnings.jsonl objects, with final ids
 
 
 Renumber = Callable[[Path, int, int, list[dict[str, Any]]], None]
@@ -304,6 +309,7 @@ def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = N
     index = IndexWriter(root)
     shards: list[dict[str, Any]] = []
     problems: list[Problem] = []
+    notes: list[dict[str, Any]] = []
     try:
         for number in numbers:
             done = read_done(root, number)
@@ -334,6 +340,11 @@ def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = N
                 for name in done["files"]:
                     os.rename(root / name, root / name.replace(old_base.name, new_base.name, 1))
             offsets = np.load(paths["offsets"]) if paths["offsets"].exists() else None
+            with open(paths["notes"], encoding="utf-8") as f:
+                for line in f:
+                    note = json.loads(line)
+                    note["id"] = first + note.pop("local")
+                    notes.append(note)
             for j, part_row in enumerate(rows):
                 row = {
                     "id": first + j,
@@ -361,9 +372,11 @@ def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = N
     except BaseException:
         index.abort()
         raise
-    return MergeResult(index, shards, problems)
+    result = MergeResult(index, shards, problems)
+    result.notes = notes
+    return result
 
 
 def _remove_parts(paths: dict[str, Path]) -> None:
-    for key in ("rows", "errors", "offsets", "done"):
+    for key in ("rows", "errors", "notes", "offsets", "done"):
         paths[key].unlink(missing_ok=True)
