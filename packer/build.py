@@ -19,11 +19,13 @@ from typing import Any
 from packer import __version__
 from packer.config import BuildConfig
 from packer.encode import Record, Transform, prepare
+from packer.engines import EngineError
 from packer.errors import DiskFullError, InputError, OutputExistsError, PackerError
 from packer.labels import NO_LABEL_MESSAGE, Entry, plan_labels
 from packer.plan import (
     MERGING_NAME,
     PLAN_NAME,
+    ShardPlan,
     load_plan_digest,
     plan_digest,
     plan_shards,
@@ -32,10 +34,10 @@ from packer.plan import (
 )
 from packer.problems import NO_LABEL, Problem
 from packer.writers import WRITERS
-from packer.writers.base import ShardPart, fsync_path, merge_parts, read_done
+from packer.writers.base import ShardPart, fsync_path, merge_parts, part_paths, read_done
 from packer.writers.lmdb import lmdb_versions
-from packer.writers.recordio import oversize_problem, recordio_layout
-from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME
+from packer.writers.recordio import IDX_SUFFIX, REC_SUFFIX, oversize_problem, recordio_layout
+from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME, shard_name
 from readers.index import fingerprint
 
 
@@ -156,9 +158,10 @@ def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
 
 
 def _output_options(cfg: BuildConfig) -> dict[str, Any]:
-    """The options that decide the output bytes (not workers, progress, ...)."""
+    """The options that decide the output bytes (not workers, the engine, progress, ...)."""
     options = cfg.options()
-    options.pop("workers", None)
+    for name in ("workers", "engine"):  # a local and a Ray build share a plan (and --resume)
+        options.pop(name, None)
     return options
 
 
@@ -169,6 +172,104 @@ def _check_input(entry: Entry, item: Record | Problem, fmt: str) -> Record | Pro
     if fmt == "recordio" and isinstance(item, Record):
         return oversize_problem(item) or item
     return item
+
+
+def write_shard(
+    tmp: Path,
+    shard: ShardPlan,
+    entries: list[Entry],
+    items: Iterator[Record | Problem],
+    cfg: BuildConfig,
+    *,
+    first_id: int,
+    advance: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write planned `shard` of the build in `tmp` from its entries' prepared `items`.
+
+    Whatever an earlier attempt at this shard left (a retried Ray task, an interrupted
+    build) is removed first: LMDB would append to an existing environment.  `advance` is
+    called once per entry with the bytes stored for it (0 when it was skipped).
+
+    Returns:
+        The shard's completion marker (see `ShardPart.finish`).
+
+    Raises:
+        InputError: an input is bad and ``cfg.on_error`` is ``fail``.
+    """
+    base = tmp / shard_name(shard.number)
+    part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)  # unfinished from here on
+    for path in (
+        base,
+        base.with_name(base.name + REC_SUFFIX),
+        base.with_name(base.name + IDX_SUFFIX),
+    ):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    part = ShardPart(tmp, shard.number, WRITERS[cfg.format], first_id=first_id)
+    try:
+        problems: list[Problem] = []
+        for entry in entries:
+            item = _check_input(entry, next(items), cfg.format)
+            if isinstance(item, Problem):
+                if cfg.on_error == "fail":
+                    raise InputError(item.path, item.reason, item.message)
+                problems.append(item)
+                stored = 0
+            else:
+                part.add(item)
+                stored = len(item.data)
+            if advance is not None:
+                advance(stored)
+        return part.finish(problems)
+    except BaseException:
+        part.abort()
+        raise
+
+
+def _run_local(
+    cfg: BuildConfig,
+    tmp: Path,
+    entries: list[Entry],
+    shards: list[ShardPlan],
+    finished: set[int],
+    *,
+    started: float,
+) -> None:
+    """The local engine: write the unfinished shards in order, reading in a process pool.
+
+    Each shard is written with its final first id (the counts of the shards before it).
+    """
+    first_id = 0
+    todo: list[Entry] = []
+    for shard in shards:
+        if shard.number not in finished:
+            todo.extend(entries[shard.start : shard.stop])
+    results = _prepared(todo, cfg)
+    with _progress(len(entries), cfg.progress) as bar:
+        written = 0
+
+        def advance(stored: int) -> None:
+            nonlocal written
+            written += stored
+            bar.update(1)
+            if bar.n % 256 == 0:
+                rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
+                bar.set_postfix_str(f"{rate:.1f} MB/s")
+
+        for shard in shards:
+            if shard.number in finished:
+                done = read_done(tmp, shard.number)
+                assert done is not None
+                first_id += int(done["count"])
+                bar.update(shard.stop - shard.start)
+                continue
+            shard_entries = entries[shard.start : shard.stop]
+            done = write_shard(
+                tmp, shard, shard_entries, results, cfg, first_id=first_id, advance=advance
+            )
+            first_id += int(done["count"])
 
 
 def _prepare_build_dir(
@@ -244,44 +345,16 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
     save_plan(tmp, digest, shards)
 
     summary = BuildSummary(out=out)
-    part: ShardPart | None = None
     try:
-        first_id = 0
-        todo: list[Entry] = []
-        for shard in shards:
-            if shard.number not in finished:
-                todo.extend(plan.entries[shard.start : shard.stop])
-        results = _prepared(todo, cfg)
-        with _progress(len(plan.entries), cfg.progress) as bar:
-            written = 0
-            for shard in shards:
-                entries = plan.entries[shard.start : shard.stop]
-                if shard.number in finished:
-                    done = read_done(tmp, shard.number)
-                    assert done is not None
-                    first_id += int(done["count"])
-                    bar.update(len(entries))
-                    continue
-                part = ShardPart(tmp, shard.number, WRITERS[cfg.format], first_id=first_id)
-                problems: list[Problem] = []
-                for entry in entries:
-                    item = _check_input(entry, next(results), cfg.format)
-                    if isinstance(item, Problem):
-                        if cfg.on_error == "fail":
-                            raise InputError(item.path, item.reason, item.message)
-                        problems.append(item)
-                    else:
-                        part.add(item)
-                        written += len(item.data)
-                    bar.update(1)
-                    if bar.n % 256 == 0:
-                        rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
-                        bar.set_postfix_str(f"{rate:.1f} MB/s")
-                done = part.finish(problems)
-                part = None
-                first_id += int(done["count"])
+        if cfg.engine == "ray":
+            from packer.engines.ray import run_ray  # ray is imported only here
+
+            run_ray(cfg, tmp, plan.entries, shards, finished, say=say)
+        else:
+            _run_local(cfg, tmp, plan.entries, shards, finished, started=started)
         (tmp / MERGING_NAME).touch()
         merged = merge_parts(tmp, [s.number for s in shards], renumber=_renumber(cfg.format))
+        _measure_renumbered(tmp, merged.shards, cfg.format)
         found = label_problems + merged.problems
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
@@ -316,13 +389,12 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         _write_json(tmp / META_NAME, meta)
         _publish(tmp, out, overwrite=cfg.overwrite)
     except BaseException as exc:
-        if part is not None:
-            part.abort()
         # an input error or a bug: nothing is kept. An interruption (Ctrl-C, a full disk,
-        # a kill): the finished shards stay for --resume; OUT is not there either way.
+        # a kill, a Ray task that kept dying): the finished shards stay for --resume; OUT is
+        # not there either way.
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise DiskFullError(str(tmp), str(exc)) from exc
-        if not isinstance(exc, (OSError, KeyboardInterrupt)):
+        if not isinstance(exc, (OSError, KeyboardInterrupt, EngineError)):
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     summary.packed = merged.num_samples
@@ -335,9 +407,31 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
     return summary
 
 
+def _measure_renumbered(tmp: Path, shards: list[dict[str, Any]], fmt: str) -> None:
+    """Set the ``file_bytes`` of RecordIO shards from their merged files.
+
+    The completion marker measured a shard as written; a renumbered shard's ``.idx`` holds
+    other keys, whose decimal digits can change its size (a shard written with its final
+    ids measures the same either way, so a local build is unchanged).
+    """
+    if fmt != "recordio":
+        return
+    for shard in shards:
+        base = tmp / shard["name"]
+        shard["file_bytes"] = sum(
+            os.path.getsize(base.with_name(base.name + suffix))
+            for suffix in (REC_SUFFIX, IDX_SUFFIX)
+        )
+
+
+def _lmdb_ids_are_local(base: Path, old_first: int, new_first: int, rows: list[Any]) -> None:
+    """LMDB keys count from 1 within each shard: a shard written with another first id (by
+    the Ray engine) holds nothing to renumber."""
+
+
 def _renumber(fmt: str) -> Any:
     if fmt == "recordio":
         from packer.writers.recordio import renumber_shard
 
         return renumber_shard
-    return None
+    return _lmdb_ids_are_local

@@ -105,6 +105,21 @@ def build(
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="local (this machine) or ray (one Ray task per shard; needs the ray extra). "
+            "The dataset is the same either way.",
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="--engine ray: the cluster to use (host:6379 or ray://host:10001); default "
+            "RAY_ADDRESS, else a local Ray instance with --workers CPUs. SRC and OUT's parent "
+            "must be on a filesystem every node mounts at the same path.",
+        ),
+    ] = None,
     resize: Annotated[
         str | None,
         typer.Option(
@@ -145,6 +160,8 @@ def build(
             overwrite=overwrite,
             resume=resume,
             progress=progress,
+            engine=engine,
+            ray_address=ray_address,
             transform=_transform(resize, encode, quality, max_pixels),
         )
         summary = run_build(cfg)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer.encode import Transform
+from packer.engines import ENGINES
 from packer.errors import ConfigError
 from readers.formats.layout import FORMATS
 
@@ -75,6 +76,8 @@ class BuildConfig:
     resume: bool = False  # keep the finished shards of an interrupted build of the same plan
     progress: bool | None = None  # None: show a bar when stderr is a terminal
     transform: Transform = field(default_factory=Transform)
+    engine: str = "local"  # local | ray: what writes the shards (the output is the same)
+    ray_address: str | None = None  # --engine ray: the cluster (None: RAY_ADDRESS, or local)
 
     def __post_init__(self) -> None:
         specs = (self.labels,) if isinstance(self.labels, str) else tuple(self.labels)
@@ -107,6 +110,12 @@ class BuildConfig:
             raise ConfigError(f"--workers {self.workers}: must be at least 1")
         if not self.src.is_dir():
             raise ConfigError(f"SRC {self.src}: not a directory")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise ConfigError(
+                f"--ray-address {self.ray_address}: only --engine ray uses a cluster address"
+            )
 
     @property
     def label_specs(self) -> tuple[str, ...]:
@@ -125,4 +134,6 @@ class BuildConfig:
             "decode_check": self.decode_check,
             "on_error": self.on_error,
             **self.transform.options(),
+            # the cluster's address is where it ran, not how: not recorded
+            "engine": self.engine,
         }

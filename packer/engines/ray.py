@@ -1,0 +1,296 @@
+"""The Ray engine: each planned shard is one Ray task, run on any node of a cluster.
+
+A task reads, checks and transforms its shard's images in one process and writes the shard
+with `packer.build.write_shard` straight into the build directory, which must be on a
+filesystem that every node mounts at the same path (as must SRC).  It writes the shard with
+the provisional first id ``shard.start``; the driver's merge renumbers where earlier shards
+skipped inputs, so the dataset equals a local build's byte for byte.
+
+Faults: a task whose process dies (killed, out of memory, its node lost) is retried by Ray up
+to `MAX_RETRIES` times, and each attempt starts the shard from scratch; a bad input follows
+``--on-error`` (``fail``: the build stops with the first bad input in entry order, as a local
+build does); a task that died on every retry stops the build with `EngineError`, keeping the
+finished shards for ``--resume``.  Progress advances per finished shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from packer.build import _progress, write_shard
+from packer.config import BuildConfig
+from packer.encode import Record, prepare
+from packer.engines import EngineError
+from packer.errors import ConfigError, PackerError
+from packer.labels import Entry
+from packer.plan import ShardPlan
+from packer.problems import Problem
+from packer.scan import SourceFile
+from readers.formats.layout import shard_name
+
+MAX_RETRIES = 3
+"""Times Ray runs a shard's task again after its process died."""
+
+_IN_FLIGHT = 2  # tasks submitted per cluster CPU: keeps every CPU busy, the driver's memory bounded
+_CANCEL_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What one task needs besides the config: the shard and its entries (absolute paths)."""
+
+    tmp: str
+    src: str
+    shard: ShardPlan
+    entries: list[Entry]
+
+
+@dataclass
+class _NodeStats:
+    shards: int = 0
+    images: int = 0
+    seconds: float = 0.0  # summed over the node's tasks
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "--engine ray needs Ray: pip install 'paddle-packer[ray]' (on every node)"
+        ) from None
+    return ray
+
+
+def _portable(exc: PackerError) -> tuple[type[PackerError], tuple[Any, ...], dict[str, Any]]:
+    # Our errors take other arguments than they store in .args, so pickle cannot rebuild them.
+    return type(exc), exc.args, dict(vars(exc))
+
+
+def _rebuild(portable: tuple[type[PackerError], tuple[Any, ...], dict[str, Any]]) -> PackerError:
+    cls, args, attrs = portable
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, *args)
+    exc.__dict__.update(attrs)
+    return exc
+
+
+def _shard_task(cfg: BuildConfig, job: ShardJob) -> dict[str, Any]:
+    """Write one shard (in a Ray worker); return its counts and where it ran, or its error."""
+    started = time.perf_counter()
+    host, ip = socket.gethostname(), str(_import_ray().util.get_node_ip_address())
+    try:
+        for what, path in (("SRC", job.src), ("the build directory", job.tmp)):
+            if not os.path.isdir(path):
+                raise EngineError(
+                    f"node {host} ({ip}) does not see {what} {path}: SRC and OUT's parent "
+                    "must be on a filesystem that every node mounts at the same path"
+                )
+        items: Iterator[Record | Problem] = (
+            prepare(
+                e.file.rel,
+                e.file.path,
+                e.label,
+                decode_check=cfg.decode_check,
+                transform=cfg.transform,
+            )
+            for e in job.entries
+        )
+        done = write_shard(
+            Path(job.tmp), job.shard, job.entries, items, cfg, first_id=job.shard.start
+        )
+    except PackerError as exc:
+        return {"error": _portable(exc)}
+    return {
+        "count": int(done["count"]),
+        "bytes": int(done["bytes"]),
+        "images": len(job.entries),
+        "host": host,
+        "ip": ip,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a ``host:port`` that nothing listens on (Ray itself retries for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if sep and port.isdigit():  # not "auto" or another form that Ray resolves itself
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+
+
+def _connect(ray: Any, cfg: BuildConfig, say: Callable[[str], None]) -> None:
+    """Connect to ``--ray-address`` (or ``RAY_ADDRESS``), else start a local instance."""
+    quiet: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,  # task failures come back as results and exceptions
+        "logging_level": logging.ERROR,
+    }
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        ray.init(address="local", num_cpus=cfg.workers, **quiet)
+        say(f"ray: started a local instance with {cfg.workers} CPUs")
+        return
+    try:
+        _check_reachable(address)
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
+        raise ConfigError(
+            f"--ray-address {address}: cannot connect to a Ray cluster there ({exc}); start "
+            "one with `ray start --head` and give its address (host:6379, or ray://host:10001)"
+        ) from None
+    say(f"ray: connected to {address}")
+
+
+def run_ray(
+    cfg: BuildConfig,
+    tmp: Path,
+    entries: list[Entry],
+    shards: list[ShardPlan],
+    finished: set[int],
+    *,
+    say: Callable[[str], None],
+) -> None:
+    """Write the unfinished planned shards of the build in `tmp`, one Ray task each.
+
+    Uses the Ray connection of this process when there is one; otherwise connects as
+    `_connect` says and disconnects (stopping a local instance it started) at the end.
+
+    Raises:
+        InputError: a bad input with ``on_error="fail"`` (the first in entry order).
+        EngineError: a task died on every retry, or a node does not see the shared files.
+        ConfigError: Ray is not installed, or ``--ray-address`` cannot be reached.
+    """
+    ray = _import_ray()
+    connected_here = not ray.is_initialized()
+    if connected_here:
+        _connect(ray, cfg, say)
+    try:
+        _run(ray, cfg, tmp, entries, shards, finished, say)
+    finally:
+        if connected_here:
+            ray.shutdown()
+
+
+def _jobs(
+    cfg: BuildConfig, tmp: Path, entries: list[Entry], todo: list[ShardPlan]
+) -> Iterator[ShardJob]:
+    # Workers do not run in the driver's directory: every path they get is absolute.
+    src = os.path.abspath(cfg.src)
+    root = os.path.abspath(tmp)
+    for shard in todo:
+        shard_entries = [
+            replace(e, file=SourceFile(e.file.rel, os.path.abspath(e.file.path)))
+            for e in entries[shard.start : shard.stop]
+        ]
+        yield ShardJob(root, src, shard, shard_entries)
+
+
+def _run(
+    ray: Any,
+    cfg: BuildConfig,
+    tmp: Path,
+    entries: list[Entry],
+    shards: list[ShardPlan],
+    finished: set[int],
+    say: Callable[[str], None],
+) -> None:
+    started = time.perf_counter()
+    todo = [s for s in shards if s.number not in finished]
+    task = ray.remote(_shard_task).options(max_retries=MAX_RETRIES, num_cpus=1)
+    cfg_ref = ray.put(cfg)
+    limit = max(2, _IN_FLIGHT * int(ray.cluster_resources().get("CPU", 1)))
+    jobs = _jobs(cfg, tmp, entries, todo)  # made as they are submitted: memory stays bounded
+    job: ShardJob | None = next(jobs, None)
+    pending: dict[Any, ShardJob] = {}
+    failed: tuple[int, BaseException] | None = None
+    nodes: dict[tuple[str, str], _NodeStats] = {}
+    written = 0
+    with _progress(len(entries), cfg.progress) as bar:
+        bar.update(sum(s.stop - s.start for s in shards if s.number in finished))
+        try:
+            while job is not None or pending:
+                while job is not None and failed is None and len(pending) < limit:
+                    pending[task.remote(cfg_ref, job)] = job
+                    job = next(jobs, None)
+                if not pending:
+                    break
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    ran = pending.pop(ref)
+                    outcome = _outcome(ray, ref, ran)
+                    if isinstance(outcome, BaseException):
+                        # Like a local build, report the first failing shard in plan order:
+                        # stop the later shards, let the earlier ones finish.
+                        if failed is None or ran.shard.number < failed[0]:
+                            failed = (ran.shard.number, outcome)
+                        later = [r for r, j in pending.items() if j.shard.number > failed[0]]
+                        _cancel(ray, later)
+                        for r in later:
+                            del pending[r]
+                        continue
+                    written += outcome["bytes"]
+                    node = nodes.setdefault((outcome["host"], outcome["ip"]), _NodeStats())
+                    node.shards += 1
+                    node.images += outcome["images"]
+                    node.seconds += outcome["seconds"]
+                    bar.update(outcome["images"])
+                    rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
+                    shards_done = sum(n.shards for n in nodes.values())
+                    bar.set_postfix_str(f"{shards_done}/{len(todo)} shards, {rate:.1f} MB/s")
+            if failed is not None:
+                raise failed[1]
+        except BaseException:
+            _cancel(ray, list(pending))
+            raise
+    if nodes:
+        say(
+            f"ray: {len(todo)} shard(s) on {len(nodes)} node(s) in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
+        for (host, ip), node in sorted(nodes.items()):
+            say(
+                f"  {host} ({ip}): {node.shards} shards, {node.images} images, "
+                f"{node.seconds:.1f} s in tasks"
+            )
+
+
+def _outcome(ray: Any, ref: Any, job: ShardJob) -> dict[str, Any] | BaseException:
+    """A finished task's result, or the exception that the build should stop with."""
+    name = shard_name(job.shard.number)
+    try:
+        result: dict[str, Any] = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause: BaseException | None = exc.cause
+        if isinstance(cause, OSError):  # a full disk and such: handled as in a local build
+            return cause
+        bug: BaseException = exc  # our bug: it keeps the task's traceback
+        return bug
+    except ray.exceptions.RayError as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return EngineError(
+            f"{name}: its Ray task did not finish, retried up to {MAX_RETRIES} times "
+            f"({type(exc).__name__}: {detail}); the finished shards are kept: run the same "
+            "command with --resume"
+        )
+    if "error" in result:
+        return _rebuild(result["error"])
+    return result
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Stop the tasks of `refs` and wait for them, so none writes after the build gave up."""
+    if not refs:
+        return
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+    with contextlib.suppress(Exception):
+        ray.wait(refs, num_returns=len(refs), timeout=_CANCEL_WAIT_S)
