@@ -32,7 +32,8 @@ from packer.plan import (
     save_plan,
     source_sizes,
 )
-from packer.problems import NO_LABEL, Problem
+from packer.problems import NO_LABEL, WARNINGS_NAME, Problem
+from packer.scan import name_collisions
 from packer.writers import WRITERS
 from packer.writers.base import ShardPart, fsync_path, merge_parts, part_paths, read_done
 from packer.writers.lmdb import lmdb_versions
@@ -129,6 +130,14 @@ def _write_json(path: Path, obj: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, ensure_ascii=False, indent=2)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_jsonl(path: Path, objs: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for obj in objs:
+            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -364,6 +373,11 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
                 + ")"
             )
         _write_errors(tmp / ERRORS_NAME, found)
+        skipped = {p.path for p in found}
+        collisions = name_collisions(e.file.rel for e in plan.entries if e.file.rel not in skipped)
+        notes = merged.notes + [n.as_json() for n in collisions]
+        notes.sort(key=lambda n: (n["path"], n["reason"]))
+        _write_jsonl(tmp / WARNINGS_NAME, notes)
         meta = {
             "format": cfg.format,
             "version": FORMAT_VERSION,
@@ -380,6 +394,7 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
             "tool_version": __version__,
             "payload_bytes": merged.payload_bytes,
             "num_errors": len(found),
+            "num_warnings": len(notes),
             "index_sha256": merged.index_sha256,
             "index_fingerprint": fingerprint(tmp / "index.jsonl"),
             "writer": lmdb_versions() if cfg.format == "lmdb" else recordio_layout(),

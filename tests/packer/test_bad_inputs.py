@@ -304,11 +304,6 @@ def test_zoo_notes_from_prepare_and_name_collisions(tmp_path):
     assert set(notes.values()) <= NOTE_REASONS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs build.py to write Record.notes and name_collisions() to warnings.jsonl "
-    "(the lead's file); remove this mark once it does",
-)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_zoo_notes_are_listed_in_warnings_jsonl(tmp_path, monkeypatch, fmt):
     _, out = build_zoo(tmp_path, monkeypatch, fmt)
