@@ -384,3 +384,18 @@ def test_parallel_build_is_identical(tmp_path):
     for name in ("index.jsonl", "errors.jsonl"):
         assert (one / name).read_bytes() == (two / name).read_bytes()
     assert read_shard(one / "shard-00000") == read_shard(two / "shard-00000")
+
+
+def test_bytes_reread_after_a_parallel_check_must_match_it(tmp_path):
+    from packer.build import _restore
+    from packer.encode import Record
+
+    path = tmp_path / "a.png"
+    path.write_bytes(b"new content")
+    stale = Record("a.png", 0, b"", "png", 1, 1, 3, zlib.crc32(b"checked content"))
+    problem = _restore(stale, str(path))
+    assert problem.reason == "changed"
+    fresh = Record("a.png", 0, b"", "png", 1, 1, 3, zlib.crc32(b"new content"))
+    assert _restore(fresh, str(path)).data == b"new content"
+    path.unlink()
+    assert _restore(fresh, str(path)).reason == "changed"
