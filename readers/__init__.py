@@ -7,7 +7,12 @@ import paddle.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
+
+# paddle warns on import, on every machine without ccache, about compiling C++ extensions,
+# which reading data never does; hide that one message (and only it)
+warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
 
 _EXPORTS = {
     "LmdbDataset": "readers.datasets",
