@@ -308,6 +308,20 @@ def _select(
     return np.flatnonzero(keep).astype(np.int64)
 
 
+def check_saved_params(
+    state: dict[str, Any], params: dict[str, Any], *, what: str, advice: str
+) -> None:
+    """Raise ValueError naming each parameter whose saved value differs from the current one."""
+    diffs = [f"{k}: saved {state[k]!r}, now {v!r}" for k, v in params.items() if state[k] != v]
+    if diffs:
+        raise ValueError(
+            f"cannot resume: the {what} state was saved with different parameters ("
+            + "; ".join(diffs)
+            + "), so the order would differ and resuming would repeat or skip samples; "
+            + advice
+        )
+
+
 @dataclass
 class _Pass:
     """One iteration over this rank's share, from a start offset; ``done`` counts yields."""
@@ -579,14 +593,12 @@ class ChunkShuffleSampler:
                 f"sampler state version {state['version']} is not supported "
                 f"(this version reads {STATE_VERSION})"
             )
-        diffs = [f"{k}: saved {state[k]!r}, now {v!r}" for k, v in params.items() if state[k] != v]
-        if diffs:
-            raise ValueError(
-                "cannot resume: the sampler state was saved with different parameters ("
-                + "; ".join(diffs)
-                + "), so the order would differ and resuming would repeat or skip samples; "
-                "build the sampler with the saved parameters and the same dataset selection"
-            )
+        check_saved_params(
+            state,
+            params,
+            what="sampler",
+            advice="build the sampler with the saved parameters and the same dataset selection",
+        )
         epoch, position = state["epoch"], state["position"]
         _check_nonneg("epoch", epoch)
         _check_nonneg("position", position)

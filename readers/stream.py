@@ -70,6 +70,7 @@ from readers.samplers import (
     _check_nonneg,
     _dataset_bounds,
     _rank_span,
+    check_saved_params,
     chunk_order,
     chunk_ranges,
     split_for_rank,
@@ -617,14 +618,12 @@ class ShardStream(paddle.io.IterableDataset[Any]):
                 f"stream state kind {state['kind']!r} version {state['version']} is not "
                 f"supported (this reads ShardStream version {STATE_VERSION})"
             )
-        diffs = [f"{k}: saved {state[k]!r}, now {v!r}" for k, v in params.items() if state[k] != v]
-        if diffs:
-            raise ValueError(
-                "cannot resume: the stream state was saved with different parameters ("
-                + "; ".join(diffs)
-                + "), so the order would differ and resuming would repeat or skip samples; "
-                "build the stream with the saved parameters over the same dataset"
-            )
+        check_saved_params(
+            state,
+            params,
+            what="stream",
+            advice="build the stream with the saved parameters over the same dataset",
+        )
         epoch, k = state["epoch"], state["consumed_batches"]
         batch_size, num_workers = state["batch_size"], state["num_workers"]
         for name, value, minimum in (
