@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import multiprocessing
 import os
@@ -21,7 +23,13 @@ from packer import __version__
 from packer.config import BuildConfig
 from packer.encode import Record, Transform, prepare
 from packer.engines import EngineError
-from packer.errors import DiskFullError, InputError, OutputExistsError, PackerError
+from packer.errors import (
+    BuildLockedError,
+    DiskFullError,
+    InputError,
+    OutputExistsError,
+    PackerError,
+)
 from packer.labels import NO_LABEL_MESSAGE, Entry, plan_labels
 from packer.plan import (
     MERGING_NAME,
@@ -349,7 +357,44 @@ def _prepare_build_dir(
     return set()
 
 
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold a lock that makes a second build of the same OUT fail at once instead of mixing
+    its shards into the first one's build directory."""
+    lock_path = out.parent / f".{out.name}.lock"
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise BuildLockedError(str(out), holder) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock_path.unlink()
+
+
 def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
+    """Pack ``cfg.src`` into ``cfg.out``; the output appears under its name only when complete.
+
+    Only one build of a given OUT runs at a time: a second one fails at once.
+
+    Raises:
+        BuildLockedError: another build of the same OUT is running.
+        PackerError: see `_build`.
+    """
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(cfg.out):
+        return _build(cfg, log=log)
+
+
+def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
     """Pack ``cfg.src`` into ``cfg.out``; the output appears under its name only when complete.
 
     The inputs are planned into shards first (`packer.plan`); each finished shard leaves a

@@ -43,3 +43,13 @@ class DiskFullError(PackerError):
             f"kept in {build_dir}: free some space and run the same command with --resume "
             "(or delete that directory)"
         )
+
+
+class BuildLockedError(PackerError):
+    """Another build of the same OUT holds its lock."""
+
+    def __init__(self, out: str, holder: str) -> None:
+        super().__init__(
+            f"{out} is being built by {holder} right now; wait for it to finish (two builds of "
+            "one OUT would write into the same build directory)"
+        )

@@ -399,3 +399,22 @@ def test_bytes_reread_after_a_parallel_check_must_match_it(tmp_path):
     assert _restore(fresh, str(path)).data == b"new content"
     path.unlink()
     assert _restore(fresh, str(path)).reason == "changed"
+
+
+def test_a_second_build_of_the_same_out_fails_at_once(tree, tmp_path):
+    import fcntl
+
+    from packer.errors import BuildLockedError
+
+    src, files = tree
+    out = tmp_path / "out"
+    with open(tmp_path / ".out.lock", "w") as held:  # as a running build holds it
+        held.write("pid 12345")
+        held.flush()
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(BuildLockedError, match=r"out is being built by pid 12345"):
+            build(BuildConfig(src=src, out=out))
+    assert not out.exists()
+    build(BuildConfig(src=src, out=out))
+    assert len(rows(out)) == len(files)
+    assert not (tmp_path / ".out.lock").exists()
