@@ -440,7 +440,6 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
             _run_local(cfg, tmp, plan.entries, shards, finished, started=started)
         (tmp / MERGING_NAME).touch()
         merged = merge_parts(tmp, [s.number for s in shards], renumber=_renumber(cfg.format))
-        _measure_renumbered(tmp, merged.shards, cfg.format)
         found = label_problems + merged.problems
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
@@ -499,26 +498,10 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
     return summary
 
 
-def _measure_renumbered(tmp: Path, shards: list[dict[str, Any]], fmt: str) -> None:
-    """Set the ``file_bytes`` of RecordIO shards from their merged files.
-
-    The completion marker measured a shard as written; a renumbered shard's ``.idx`` holds
-    other keys, whose decimal digits can change its size (a shard written with its final
-    ids measures the same either way, so a local build is unchanged).
-    """
-    if fmt != "recordio":
-        return
-    for shard in shards:
-        base = tmp / shard["name"]
-        shard["file_bytes"] = sum(
-            os.path.getsize(base.with_name(base.name + suffix))
-            for suffix in (REC_SUFFIX, IDX_SUFFIX)
-        )
-
-
 def _lmdb_ids_are_local(base: Path, old_first: int, new_first: int, rows: list[Any]) -> None:
     """LMDB keys count from 1 within each shard: a shard written with another first id (by
     the Ray engine) holds nothing to renumber."""
+    return
 
 
 def _renumber(fmt: str) -> Any:

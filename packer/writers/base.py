@@ -295,7 +295,9 @@ class MergeResult:
         self.notes: list[dict[str, Any]] = []  # warnings.jsonl objects, with final ids
 
 
-Renumber = Callable[[Path, int, int, list[dict[str, Any]]], None]
+# (shard base, first id written, first id wanted, index rows) -> the shard's new size in bytes,
+# or None when renumbering did not change it
+Renumber = Callable[[Path, int, int, list[dict[str, Any]]], int | None]
 
 
 def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = None) -> MergeResult:
@@ -334,7 +336,9 @@ def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = N
             if done["first"] != first:
                 if renumber is None:
                     raise ValueError(f"{old_base}: written with first id {done['first']}")
-                renumber(old_base, int(done["first"]), first, rows)
+                resized = renumber(old_base, int(done["first"]), first, rows)
+                if resized is not None:
+                    done["file_bytes"] = resized
             if new_number != number:
                 new_base = root / shard_name(new_number)
                 for name in done["files"]:

@@ -146,7 +146,7 @@ class RecordIOShardWriter(ShardWriter):
         return [self.rec_path, self.idx_path]
 
 
-def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]) -> None:
+def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]) -> int:
     """Give the records of a finished shard the ids ``new_first, new_first + 1, ...``.
 
     Used when a shard was written before the final first id was known (the Ray engine):
@@ -176,6 +176,8 @@ def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[s
         f.flush()
         os.fsync(f.fileno())
     del old_first
+    # the .idx keys may have gained or lost digits: the shard's size is measured anew
+    return os.path.getsize(rec_path) + os.path.getsize(idx_path)
 
 
 __all__ = [
