@@ -92,6 +92,10 @@ for root, _, files in os.walk(path):
         os.close(fd)
 if order == "random":
     ids = iter(np.random.default_rng(1).permutation(len(ds)).tolist())
+elif order.startswith("chunked:"):  # chunked:CHUNK_SIZE:WINDOW, for the sweep of defaults
+    _, chunk, window = order.split(":")
+    ids = iter(ChunkShuffleSampler(ds, chunk_size=int(chunk), window=int(window), seed=1,
+                                   rank=0, world_size=1))
 else:
     ids = iter(ChunkShuffleSampler(ds, shuffle=order == "chunked", seed=1, rank=0, world_size=1))
 n = 0
@@ -170,6 +174,29 @@ def table(title: str, results: dict[tuple[str, str], float], targets: list[str])
     return "\n".join(lines)
 
 
+SWEEP = ((8, 8), (16, 8), (64, 8), (256, 8), (64, 1), (64, 32))
+
+
+def sweep(path: Path, seconds: float, runs: int, storage: tuple[str, Path | None]) -> str:
+    """Cold LMDB samples/s for several (chunk_size, window): the throughput side of the
+    choice; the mixing side is the block size, window x chunk_size samples shuffled together."""
+    name, group = storage
+    lines = [
+        f"### Chunk size and window, LMDB, cold, {name} disk",
+        "",
+        "| chunk_size | window | samples mixed per block | samples/s |",
+        "|---|---|---|---|",
+    ]
+    for chunk, window in SWEEP:
+        order = f"chunked:{chunk}:{window}"
+        rate = statistics.median(
+            measure(path, order, seconds, group)["samples_per_s"] for _ in range(runs)
+        )
+        print(f"sweep {order}: {rate:,.0f}/s", file=sys.stderr)
+        lines.append(f"| {chunk} | {window} | {chunk * window:,} | {rate:,.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gb", type=float, default=2.0, help="dataset size per format")
@@ -179,6 +206,11 @@ def main() -> None:
     parser.add_argument("--bps", type=int, default=100 << 20)
     parser.add_argument("--iops", type=int, default=300)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time LMDB over chunk sizes and windows (how the defaults were chosen)",
+    )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="packer-orders-", dir=os.environ.get("BENCH_TMP")))
     group = None
@@ -224,6 +256,8 @@ def main() -> None:
                         ["targets: chunked >= 10x random, sequential/chunked <= 1.3"],
                     )
                 )
+        if args.sweep:
+            sections.append(sweep(paths["lmdb"], args.seconds, args.runs, storages[-1]))
         text = "\n\n".join(sections)
         print(text)
         if args.out:

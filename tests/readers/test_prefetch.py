@@ -120,3 +120,27 @@ def test_sampler_prefetches_chunks_it_enters(packed):
     for start, stop in calls:
         covered[start:stop] = True
     assert covered.all()
+
+
+def test_hints_run_ahead_at_most_prefetch_bytes():
+    from types import SimpleNamespace
+
+    from readers.samplers import PREFETCH_BYTES
+
+    class Big:
+        shard_bounds = np.array([0, 100_000])
+        labels = None
+        index = SimpleNamespace(nbytes=np.full(100_000, 1 << 20, np.uint32))  # 1 MiB each
+
+        def __len__(self):
+            return 100_000
+
+        def prefetch(self, start, stop):
+            pass
+
+    ds = Big()
+    # a block is 256 samples = 256 MiB here: running a whole block ahead would hint that much
+    capped = ChunkShuffleSampler(ds, chunk_size=4, window=64, seed=0, rank=0, world_size=1)
+    assert capped._lookahead == PREFETCH_BYTES // (1 << 20)
+    small = ChunkShuffleSampler(ds, chunk_size=4, window=2, seed=0, rank=0, world_size=1)
+    assert small._lookahead == 8  # under the cap: one block
