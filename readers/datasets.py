@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import cv2
+import lmdb
 import numpy as np
 import paddle
 
@@ -351,10 +352,8 @@ class LmdbDataset(_ShardedDataset):
             raise
         except ValueError as exc:
             raise RecordError(f"{self._where(i, shard, key)}: cannot decode ({exc})") from exc
-        except Exception as exc:
-            if type(exc).__module__ == "lmdb" or isinstance(exc, OSError):
-                raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
-            raise
+        except (lmdb.Error, OSError) as exc:
+            raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         return image, label
 
 
