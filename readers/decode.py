@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import cv2
 import numpy as np
@@ -80,3 +80,32 @@ def decode_image(data: bytes | memoryview | np.ndarray, mode: str = "rgb") -> np
     elif mode == "rgb":
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     return image
+
+
+def decode_sample(
+    data: bytes | memoryview | np.ndarray,
+    mode: str = "rgb",
+    *,
+    stored: str = "",
+    height: int = 0,
+    width: int = 0,
+    channels: int = 0,
+) -> Any:
+    """The one decode path for a stored sample: datasets, streams, verify and bench use it.
+
+    Args:
+        data: the stored bytes of one sample.
+        mode: ``rgb``, ``bgr``, ``gray``, ``unchanged``, or ``bytes`` (the stored bytes as
+            ``bytes``, untouched).
+        stored: the sample's index ``format``; ``raw`` means pixels written by
+            ``packer build --encode raw``, which are reshaped with `height`, `width` and
+            `channels` instead of decoded; anything else is decoded with OpenCV.
+
+    Raises:
+        ValueError: the bytes do not decode (or raw bytes do not match the dimensions).
+    """
+    if mode == "bytes":
+        return bytes(data)
+    if stored == "raw":
+        return decode_raw(np.frombuffer(data, np.uint8), height, width, channels, mode)
+    return decode_image(data, mode)
