@@ -11,6 +11,7 @@ import typer
 from packer.config import BuildConfig, parse_size, usable_cores
 from packer.encode import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from packer.errors import ConfigError, PackerError
+from readers import _paddle
 from readers.errors import ReaderError
 
 app = typer.Typer(
@@ -279,6 +280,10 @@ def bench(
         report = run_bench(cfg, log=None if as_json else lambda m: typer.echo(m, err=True))
     except (PackerError, ReaderError) as exc:
         raise _fail(exc) from None
+    except ModuleNotFoundError as exc:
+        if not _paddle.is_paddle_missing(exc):
+            raise
+        raise _fail(_paddle.PaddleMissingError()) from None
     typer.echo(report.json() if as_json else report.text())
 
 

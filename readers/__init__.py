@@ -10,6 +10,8 @@ import importlib
 import warnings
 from typing import Any
 
+from readers import _paddle
+
 # paddle warns on import, on every machine without ccache, about compiling C++ extensions,
 # which reading data never does; hide that one message (and only it)
 warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
@@ -33,4 +35,14 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'readers' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if _paddle.is_paddle_missing(exc):
+            raise _paddle.PaddleMissingError from None
+        raise
+
+
+def __dir__() -> list[str]:
+    """The lazily imported names too, so that completion in IPython and editors shows them."""
+    return sorted(set(globals()) | set(_EXPORTS))
