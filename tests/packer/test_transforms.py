@@ -8,7 +8,8 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from packer.encode import Record, Transform, parse_resize, prepare
+from packer.encode import Transform, parse_resize, prepare
+from packer.records import Record
 from readers import open_dataset
 from readers.decode import decode_raw
 from tests.conftest import encode

@@ -1,0 +1,134 @@
+"""``--class-map``: text labels (or lists of them) become class ids, from a file of names or
+``auto`` (the sorted names found)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packer.errors import LabelSourceError
+from packer.labels.common import UNKNOWN_CLASS, find_label_file, loads_label, shorten
+from packer.problems import Problem
+from packer.records import Entry
+
+
+@dataclass(frozen=True)
+class ClassMap:
+    """Class names by id, and how they were made (``auto`` or ``file:<path>``)."""
+
+    names: list[str]
+    how: str
+
+    def ids(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+
+def _names_from_json(obj: Any, path: Path) -> list[str]:
+    if isinstance(obj, list) and all(isinstance(n, str) for n in obj):
+        return obj
+    if isinstance(obj, dict) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in obj.values()
+    ):
+        by_id = {v: k for k, v in obj.items()}
+        if sorted(by_id) != list(range(len(obj))):
+            raise LabelSourceError(
+                f"--class-map {path}: the ids {sorted(obj.values())[:10]} are not 0..{len(obj) - 1}"
+                " each once; expected an object mapping each class name to its id"
+            )
+        return [by_id[i] for i in range(len(obj))]
+    raise LabelSourceError(
+        f"--class-map {path}: found JSON {type(obj).__name__}; expected a list of class names "
+        "(index = id) or an object mapping names to ids 0..k-1"
+    )
+
+
+def load_class_map(spec: str, src: Path) -> ClassMap:
+    """Read ``--class-map FILE``: one class name per line (line n holds id n-1), or JSON.
+
+    Raises:
+        LabelSourceError: the file is missing, unreadable, empty, has a blank line between
+            names, or names a class twice.
+    """
+    path = find_label_file(spec, src)
+    try:
+        text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")
+    except FileNotFoundError:
+        raise LabelSourceError(
+            f"--class-map {path}: no such file; expected auto or a file of class names"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LabelSourceError(f"--class-map {path}: cannot read ({exc})") from exc
+    names: list[str] | None = None
+    if path.suffix.lower() == ".json" or text.lstrip()[:1] in ("[", "{"):
+        try:
+            obj = loads_label(text)
+        except ValueError as exc:
+            if path.suffix.lower() == ".json":
+                raise LabelSourceError(f"--class-map {path}: not valid JSON ({exc})") from exc
+        else:
+            names = _names_from_json(obj, path)
+    if names is None:
+        lines = [line.strip() for line in text.split("\n")]
+        while lines and not lines[-1]:
+            lines.pop()
+        if "" in lines:
+            raise LabelSourceError(
+                f"--class-map {path}:{lines.index('') + 1}: an empty line; expected one class "
+                "name per line (line n is class id n-1)"
+            )
+        names = lines
+    if not names:
+        raise LabelSourceError(f"--class-map {path}: no class names")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise LabelSourceError(f"--class-map {path}: the class {name!r} is listed twice")
+        seen.add(name)
+    return ClassMap(names, f"file:{path}")
+
+
+def class_names(labels: Iterable[Any]) -> list[str]:
+    """The sorted text labels (and text items of list labels): ``--class-map auto``."""
+    found: set[str] = set()
+    for label in labels:
+        if isinstance(label, str):
+            found.add(label)
+        elif isinstance(label, list):
+            found.update(v for v in label if isinstance(v, str))
+    return sorted(found)
+
+
+def map_label(label: Any, ids: dict[str, int]) -> tuple[Any, str | None]:
+    """A class name -> its id, a list of names -> their ids; else (None, why not)."""
+    if isinstance(label, str):
+        if label in ids:
+            return ids[label], None
+        return None, f"the class {shorten(label)} is not in the class map"
+    if isinstance(label, list) and all(isinstance(v, str) for v in label):
+        unknown = [v for v in label if v not in ids]
+        if unknown:
+            return None, f"the classes {unknown[:5]} are not in the class map"
+        return [ids[v] for v in label], None
+    return None, (
+        f"the label {shorten(label)} is not a class name; --class-map maps text labels (or "
+        "lists of them) to ids"
+    )
+
+
+def apply_class_map(
+    items: list[tuple[Entry, str]], cmap: ClassMap, found: list[Problem]
+) -> list[Entry]:
+    ids = cmap.ids()
+    entries: list[Entry] = []
+    for entry, where in items:
+        if not entry.labelled:
+            entries.append(entry)
+            continue
+        value, why = map_label(entry.label, ids)
+        if why is not None:
+            found.append(Problem(entry.file.rel, UNKNOWN_CLASS, f"{why} ({where})"))
+        else:
+            entries.append(Entry(entry.file, value))
+    return entries

@@ -1,0 +1,133 @@
+"""What every label source shares: strict label values (int ids, JSON), the lines of a
+label file, and the :class:`Listed` / :class:`Parsed` records its parser makes."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer import problems as P
+from packer.config import LABEL_KEYWORDS
+from packer.problems import Problem
+
+# Reason code of a label that the class map does not name (or that is not a class name).
+UNKNOWN_CLASS = "unknown_class"
+
+KEYWORDS = LABEL_KEYWORDS
+NO_LABEL_MESSAGE = "an image outside every class folder (labels from dirname)"
+
+_INT = re.compile(r"^(?:0|-?[1-9][0-9]*)$")  # canonical: "007" and "+7" stay text
+_INT64 = 1 << 63
+
+
+def int_or_none(text: str) -> int | None:
+    """`text` as an int64 when it is one written canonically, else None."""
+    if not _INT.match(text):
+        return None
+    value = int(text)
+    return value if -_INT64 <= value < _INT64 else None
+
+
+def parse_label_text(text: str) -> Any:
+    """A label from a list file: an int class id when it is one, else the text itself.
+
+    Only canonical integers become ids (``7``, ``-1``); ``007`` or ``+7`` stay text, so no
+    label is altered by a round trip through int.
+    """
+    value = int_or_none(text)
+    return text if value is None else value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a number")
+    return value
+
+
+def loads_label(text: str) -> Any:
+    """Strict JSON for labels: no NaN/Infinity, no overflowing numbers, no ints beyond int64.
+
+    Raises:
+        ValueError: the text is not such JSON (the message says where).
+    """
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        raise ValueError(f"the class id {value} does not fit in 64 bits")
+    return value
+
+
+def shorten(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+# --------------------------------------------------------------------------- reading files
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One entry of a label file before its path is checked."""
+
+    where: str  # "train.txt:12"
+    path: str
+    label: Any
+    labelled: bool = True
+    note: str = ""
+
+
+@dataclass
+class Parsed:
+    """What one parser made of one label file."""
+
+    kind: str  # list | detection | multilabel | lst | jsonl | csv
+    listed: list[Listed] = field(default_factory=list)
+    bad: list[Problem] = field(default_factory=list)
+    lines: int = 0  # lines that hold an entry (blank lines and comments excluded)
+
+
+def bad_line(name: str, path: Path | str, number: int, message: str) -> Problem:
+    return Problem(f"{name}:{number}", P.BAD_LINE, f"{path}:{number}: {message}")
+
+
+def numbered_lines(data: Iterable[bytes]) -> Iterator[tuple[int, str | None]]:
+    """Lines split on ``\\n`` only (``\\r\\n`` too), decoded; None for a line that is not UTF-8.
+
+    ``str.splitlines`` would also split on U+2028, form feeds and the like inside a label.
+    """
+    for number, raw in enumerate(data, start=1):
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if number == 1 and line.startswith(codecs.BOM_UTF8):
+            line = line[len(codecs.BOM_UTF8) :]
+        try:
+            yield number, line.decode("utf-8")
+        except UnicodeDecodeError:
+            yield number, None
+
+
+def has_entry(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith("#")
+
+
+def find_label_file(spec: str, src: Path) -> Path:
+    """The file `spec` names: as given, else relative to SRC."""
+    candidate = Path(spec)
+    if not candidate.exists() and (src / spec).exists():
+        candidate = src / spec
+    return candidate
