@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.labels import Entry
+from packer.records import Entry
 
 PLAN_NAME = "plan.json"
 MERGING_NAME = "merging"

@@ -38,7 +38,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/blkio")
 
 def write_dataset(out: Path, fmt: str, *, total_bytes: int, record_bytes: int) -> int:
     """A packed dataset of incompressible JPEG-sized records; returns the sample count."""
-    from packer.encode import Record
+    from packer.records import Record
     from packer.writers import WRITERS, ShardPart, merge_parts
     from readers.formats.layout import META_NAME
     from readers.index import fingerprint

@@ -23,7 +23,6 @@ from packer import encode
 from packer.build import build
 from packer.config import BuildConfig
 from packer.encode import (
-    Record,
     Transform,
     apply_orientation,
     exif_orientation,
@@ -33,6 +32,7 @@ from packer.encode import (
     read_source,
 )
 from packer.problems import NOTE_REASONS, WARNINGS_NAME, Note, Problem
+from packer.records import Record
 from packer.scan import name_collisions
 from packer.verify import verify
 from readers import open_dataset
