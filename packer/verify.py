@@ -18,7 +18,7 @@ import numpy as np
 from packer.writers.recordio import IDX_SUFFIX, REC_SUFFIX, header_label
 from readers.errors import DatasetFormatError
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME
-from readers.formats.lmdb_layout import (
+from readers.formats.lmdb import (
     DATA_FILE,
     NUM_SAMPLES_KEY,
     encode_label,
@@ -32,7 +32,8 @@ from readers.formats.recordio import (
     read_record_at,
     unpack_image_record,
 )
-from readers.handles import open_mmap_readonly, shared_lmdb
+from readers.formats.lmdb import shared_lmdb
+from readers.handles import open_mmap_readonly
 from readers.index import load_meta
 
 _MAX_LISTED = 20

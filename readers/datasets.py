@@ -20,7 +20,7 @@ from readers import handles
 from readers.decode import check_mode, decode_image, decode_raw
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import INDEX_NAME, META_NAME
-from readers.formats.lmdb_layout import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
+from readers.formats.lmdb import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key, shared_lmdb
 from readers.formats.recordio import (
     IR_HEADER,
     MAGIC,
@@ -288,7 +288,7 @@ class LmdbDataset(_ShardedDataset):
                     )
         elif (self.root / DATA_FILE).exists():
             self._shard_paths = [str(self.root)]
-            env = handles.shared_lmdb(str(self.root))
+            env = shared_lmdb(str(self.root))
             with env.begin() as txn:
                 raw = txn.get(NUM_SAMPLES_KEY)
             if raw is None:
@@ -307,7 +307,7 @@ class LmdbDataset(_ShardedDataset):
         return self._handles
 
     def _open(self, path: str) -> Any:
-        return handles.shared_lmdb(path)
+        return shared_lmdb(path)
 
     def _env(self, shard: int) -> Any:
         return self._handle(shard)

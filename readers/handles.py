@@ -1,10 +1,11 @@
 """One read-only handle per shard per process, never used across ``fork``.
 
-Handles are LMDB environments and read-only ``mmap`` mappings of RecordIO files.
+Handles are whatever a format opens (``ShardFormat.open_shard``: a database environment, a
+read-only ``mmap``), and file descriptors for page-cache hints.
 
-py-lmdb refuses to open the same environment twice in one process, and refuses to reopen one
-whose handle was inherited through ``fork`` while that handle is still registered. So every
-dataset object in a process shares the handles kept here, and a forked child closes the
+Some libraries refuse to open the same database twice in one process, or to reopen one whose
+handle was inherited through ``fork`` while that handle is still registered. So every dataset
+object in a process shares the handles kept here, and a forked child closes the
 inherited ones (its own copies of the parent's mappings) before it opens anything.
 """
 
@@ -16,8 +17,6 @@ import os
 import threading
 from collections.abc import Callable
 from typing import Any
-
-from readers.errors import DatasetFormatError
 
 _lock = threading.Lock()
 _handles: dict[tuple[str, str], Any] = {}
@@ -52,55 +51,6 @@ def shared_handle(kind: str, path: str, opener: Callable[[str], Any]) -> Any:
     return handle
 
 
-def open_lmdb_readonly(path: str) -> Any:
-    """Open an LMDB environment for reading only: no lock file, no write access needed.
-
-    LMDB maps the file and reads pages straight from the mapping, so a ``data.mdb`` cut short
-    (an interrupted copy, a full disk) would kill the process with SIGBUS at the first read
-    past its end.  The file's size is therefore checked against the last page the
-    environment uses before the environment is handed out.
-
-    Raises:
-        DatasetFormatError: not an LMDB, or its data file is shorter than its pages.
-    """
-    import lmdb
-
-    data = os.path.join(path, "data.mdb")
-    try:
-        env = lmdb.open(
-            path,
-            readonly=True,
-            lock=False,
-            readahead=False,
-            meminit=False,
-            max_readers=2048,
-            subdir=True,
-            create=False,
-        )
-    except lmdb.Error as exc:
-        raise DatasetFormatError(f"{data}: cannot open as an LMDB ({exc})") from exc
-    try:
-        page = int(env.stat()["psize"])
-        last = int(env.info()["last_pgno"])
-        size = os.path.getsize(data)
-    except (lmdb.Error, OSError) as exc:
-        env.close()
-        raise DatasetFormatError(f"{data}: cannot read the LMDB header ({exc})") from exc
-    needed = (last + 1) * page
-    if size < needed:
-        env.close()
-        raise DatasetFormatError(
-            f"{data}: {size} bytes, but its last page (number {last}, {page}-byte pages) ends at "
-            f"byte {needed}: the file is cut short (an interrupted copy or a full disk?)"
-        )
-    return env
-
-
-def shared_lmdb(path: str) -> Any:
-    """The process's read-only LMDB environment for the shard directory `path`."""
-    return shared_handle("lmdb", path, open_lmdb_readonly)
-
-
 def open_mmap_readonly(path: str) -> mmap.mmap | bytes:
     """Map a file read-only (``b""`` for an empty file, which cannot be mapped).
 
@@ -113,7 +63,7 @@ def open_mmap_readonly(path: str) -> mmap.mmap | bytes:
 
 
 def shared_mmap(path: str) -> mmap.mmap | bytes:
-    """The process's read-only mapping of the file `path` (a RecordIO ``.rec``).
+    """The process's read-only mapping of the file `path`.
 
     The file's identity and size are part of the key, so a file replaced or rewritten since
     it was first mapped (a rebuild with ``--overwrite``) is mapped afresh, not read stale.

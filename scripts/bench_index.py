@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 def write_synthetic(root: Path, n: int) -> None:
     """A dataset of `n` samples whose index is real and whose image bytes are shared."""
     from packer.writers.lmdb import open_lmdb_for_writing
-    from readers.formats.lmdb_layout import NUM_SAMPLES_KEY, image_key, label_key
+    from readers.formats.lmdb import NUM_SAMPLES_KEY, image_key, label_key
     from readers.index import fingerprint
 
     root.mkdir(parents=True)

@@ -1,5 +1,29 @@
 """Byte layouts of packed datasets, defined once and shared by the writer and the readers.
 
-Nothing in this package imports paddle, so `packer` can use it without pulling in the
-training stack.
+``REGISTRY`` holds one `ShardFormat` object per format, keyed by the ``format`` field of
+meta.json; generic code asks these objects instead of naming a format. Nothing in this
+package imports paddle, so `packer` can use it without pulling in the training stack.
 """
+
+from __future__ import annotations
+
+from readers.formats import lmdb, recordio
+from readers.formats.base import ShardFormat
+
+REGISTRY: dict[str, ShardFormat] = {
+    lmdb.FORMAT.name: lmdb.FORMAT,
+    recordio.FORMAT.name: recordio.FORMAT,
+}
+"""Every format readers can open, in the order bare paths are tried; the first is the
+default of ``packer build``."""
+
+FORMATS: tuple[str, ...] = tuple(REGISTRY)
+"""The registered format names."""
+
+
+def get_format(name: str) -> ShardFormat | None:
+    """The registered format called `name`, or None."""
+    return REGISTRY.get(name)
+
+
+__all__ = ["FORMATS", "REGISTRY", "ShardFormat", "get_format"]

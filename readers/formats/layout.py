@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 FORMAT_VERSION = 1
 META_NAME = "meta.json"
 INDEX_NAME = "index.jsonl"
 INDEX_COLUMNAR_NAME = "index.parquet"
 ERRORS_NAME = "errors.jsonl"
-
-FORMATS = ("lmdb", "recordio")
 
 # The order of the fields of one index.jsonl line; fields a format does not use are omitted.
 INDEX_FIELDS = (
@@ -30,3 +30,13 @@ INDEX_FIELDS = (
 def shard_name(number: int) -> str:
     """The base name of shard `number`: ``shard-00000``."""
     return f"shard-{number:05d}"
+
+
+def __getattr__(name: str) -> Any:
+    # FORMATS moved to the registry (readers.formats); imported late, as the registry's
+    # format modules import this one.
+    if name == "FORMATS":
+        from readers.formats import FORMATS
+
+        return FORMATS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

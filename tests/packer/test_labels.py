@@ -26,7 +26,7 @@ from packer.labels import (
     csv_rows_python,
     plan_labels,
 )
-from readers.formats.lmdb_layout import label_key
+from readers.formats.lmdb import label_key
 from tests.conftest import encode, make_image
 
 REASONS = {

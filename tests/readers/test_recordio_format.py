@@ -393,7 +393,7 @@ def test_writer_refuses_payloads_over_the_dmlc_limit(monkeypatch: pytest.MonkeyP
     with pytest.raises(RecordTooLargeError, match="too large"):
         rio.encode_lrec(0, 2**29)
     assert issubclass(RecordTooLargeError, ValueError)
-    monkeypatch.setattr(rio, "MAX_PAYLOAD", 8)
+    monkeypatch.setattr(rio.records, "MAX_PAYLOAD", 8)  # where the check reads it
     assert encode_record(b"x" * 8) == M + b"\x08\x00\x00\x00" + b"x" * 8
     with pytest.raises(RecordTooLargeError, match=r"payload of 9 bytes .* at most 8 bytes"):
         encode_record(b"x" * 9)

@@ -1,4 +1,4 @@
-"""The MXNet/dmlc RecordIO byte layout (records, image payloads, ``.idx`` lines), defined once.
+"""dmlc RecordIO record framing: magic, ``lrec`` word, multi-part records, padding.
 
 A ``.rec`` file is a sequence of records; each record is one or more *parts*::
 
@@ -13,67 +13,31 @@ without such an occurrence is one part with cflag 0. Readers put the magic back 
 This keeps every aligned magic word in a file the start of a part, which is what lets dmlc split
 a ``.rec`` at arbitrary byte ranges.
 
-The image payload is MXNet's ``IRHeader`` (``<IfQQ``: flag, label, id, id2), then ``flag``
-float32 labels when ``flag > 0``, then the encoded image. A ``.idx`` file has one
-``key<TAB>offset`` line per record, offset being where the record's first magic starts.
-
-This module imports no paddle and no packer; parsing works on ``bytes``, ``mmap`` or
-``memoryview`` without copying more than the payload asked for.
+Parsing works on ``bytes``, ``mmap`` or ``memoryview`` without copying more than the payload
+asked for.
 """
 
 from __future__ import annotations
 
 import mmap
-import numbers
-import os
-import re
 import struct
-import warnings
-from collections.abc import Iterator, Sequence
-from typing import IO, Any, NamedTuple
+from collections.abc import Iterator
+from typing import IO
 
 import numpy as np
 import numpy.typing as npt
-
-__all__ = [
-    "IR_HEADER",
-    "MAGIC",
-    "MAGIC_BYTES",
-    "MAX_PART",
-    "MAX_PAYLOAD",
-    "IRHeader",
-    "RecordFileWriter",
-    "RecordIOError",
-    "RecordIOFormatError",
-    "RecordTooLargeError",
-    "check_payload_size",
-    "decode_lrec",
-    "encode_lrec",
-    "encode_record",
-    "format_idx_line",
-    "iter_records",
-    "pack_image_record",
-    "read_idx",
-    "read_record_at",
-    "scan_offsets",
-    "unpack_image_record",
-]
 
 MAGIC = 0xCED7230A
 """dmlc ``RecordIOWriter::kMagic``; its top 3 bits are 6, so no valid ``lrec`` equals it."""
 MAGIC_BYTES = struct.pack("<I", MAGIC)  # b"\x0a\x23\xd7\xce"
 _HEAD = struct.Struct("<II")  # magic, lrec
 HEAD_SIZE = _HEAD.size
-IR_HEADER = struct.Struct("<IfQQ")
-"""MXNet ``IRHeader``: flag (uint32), label (float32), id (uint64), id2 (uint64); 24 bytes."""
 _LENGTH_BITS = 29
 MAX_PART = (1 << _LENGTH_BITS) - 1
 """Largest part length the 29-bit length field can hold."""
 MAX_PAYLOAD = MAX_PART
 """Largest payload ``encode_record`` accepts: dmlc's writer checks ``size < 2**29`` on the
 whole payload before splitting it, so we refuse exactly what dmlc refuses."""
-_MAX_U32 = (1 << 32) - 1
-_MAX_U64 = (1 << 64) - 1
 _CFLAG_NAMES = {0: "whole record", 1: "first part", 2: "middle part", 3: "last part"}
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -100,19 +64,6 @@ class RecordTooLargeError(RecordIOError):
         )
         self.size = size
         self.limit = limit
-
-
-class IRHeader(NamedTuple):
-    """MXNet's image-record header, as stored (``label`` is 0.0 when ``flag > 0``)."""
-
-    flag: int
-    label: float
-    id: int
-    id2: int
-
-
-# ---------------------------------------------------------------------------------------------
-# Records
 
 
 def encode_lrec(cflag: int, length: int) -> int:
@@ -347,157 +298,3 @@ class RecordFileWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# Image payloads
-
-
-def pack_image_record(
-    image: Buffer,
-    *,
-    label: float | Sequence[float] | npt.NDArray[Any] | None,
-    id: int,  # MXNet's field name, shadowing the builtin on purpose
-    id2: int = 0,
-) -> bytes:
-    """Return an MXNet image-record payload, as ``mxnet.recordio.pack`` builds it.
-
-    Args:
-        image: the encoded image bytes.
-        label: one number (stored in ``IRHeader.label``, flag 0); a sequence of numbers (flag =
-            their count, header label 0.0, the float32 values after the header; an empty sequence
-            gives flag 0); or ``None`` (flag 0, label 0.0).
-        id: ``IRHeader.id``, uint64.
-        id2: ``IRHeader.id2``, uint64 (MXNet keeps it 0).
-
-    Raises:
-        ValueError: a label that is not numeric or not 1-D, or an id outside uint64.
-    """
-    for name, value in (("id", id), ("id2", id2)):
-        if not 0 <= value <= _MAX_U64:
-            raise ValueError(f"IRHeader {name} must fit in uint64, got {value}")
-    extra = b""
-    if label is None:
-        flag, scalar = 0, 0.0
-    elif isinstance(label, numbers.Real):
-        flag, scalar = 0, float(label)
-    else:
-        if isinstance(label, str | bytes):
-            raise ValueError(f"an image-record label must be numeric, got {label!r}")
-        try:
-            values = np.asarray(label, dtype="<f4")
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"an image-record label must be a number or a sequence of numbers, got {label!r}"
-            ) from exc
-        if values.ndim != 1:
-            raise ValueError(f"image-record labels must be 1-D, got shape {values.shape}")
-        if values.size > _MAX_U32:
-            raise ValueError(f"too many labels for IRHeader.flag: {values.size}")
-        flag, scalar, extra = int(values.size), 0.0, values.tobytes()
-    try:
-        header = IR_HEADER.pack(flag, scalar, id, id2)
-    except OverflowError as exc:
-        raise ValueError(f"label {scalar!r} does not fit in a float32") from exc
-    return b"".join((header, extra, image))
-
-
-def unpack_image_record(
-    payload: Buffer,
-) -> tuple[IRHeader, float | npt.NDArray[np.float32], memoryview]:
-    """Split an MXNet image-record payload, as ``mxnet.recordio.unpack`` does.
-
-    Returns:
-        ``(header, label, image)``: the header as stored; the label (``header.label`` as a float
-        when ``flag == 0``, else a float32 array of the ``flag`` labels after the header); and a
-        zero-copy view of the image bytes (it keeps ``payload`` exported: an ``mmap`` cannot
-        close while the view is alive; take ``bytes(image)`` to keep a copy instead).
-
-    Raises:
-        RecordIOFormatError: the payload is shorter than its header and labels.
-    """
-    view = memoryview(payload).cast("B")
-    if len(view) < IR_HEADER.size:
-        raise RecordIOFormatError(
-            f"image record of {len(view)} bytes is shorter than the {IR_HEADER.size}-byte IRHeader"
-        )
-    header = IRHeader(*IR_HEADER.unpack_from(view))
-    body = IR_HEADER.size
-    if header.flag == 0:
-        return header, header.label, view[body:]
-    need = 4 * header.flag
-    if len(view) - body < need:
-        raise RecordIOFormatError(
-            f"image record IRHeader has flag={header.flag}, i.e. {header.flag} float32 labels "
-            f"({need} bytes), but only {len(view) - body} bytes follow the header"
-        )
-    labels = np.frombuffer(view, dtype="<f4", count=header.flag, offset=body).astype(np.float32)
-    return header, labels, view[body + need :]
-
-
-# ---------------------------------------------------------------------------------------------
-# .idx files
-
-_INT = re.compile(r"[+-]?[0-9]+")
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def format_idx_line(key: int, offset: int) -> str:
-    """Return the ``.idx`` line for a record: ``"{key}\\t{offset}\\n"`` (as MXNet writes it)."""
-    return f"{int(key)}\t{int(offset)}\n"
-
-
-def read_idx(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Load a ``.idx`` file into ``(keys, offsets)`` int64 arrays, in file order.
-
-    Lines are ``key<TAB>offset`` with integer key and offset; blank lines (such as a trailing
-    newline) are ignored. Duplicate keys are kept as they are; the caller decides.
-
-    Raises:
-        RecordIOFormatError: naming ``path:line`` of the first malformed line.
-    """
-    try:
-        # numpy's C parser handles the common, well-formed case fast.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            table = np.loadtxt(
-                path, dtype=np.int64, delimiter="\t", comments=None, ndmin=2, encoding="ascii"
-            )
-    except (ValueError, UnicodeError, UserWarning):
-        table = None
-    if table is not None and table.shape[1] == 2 and (table[:, 1] >= 0).all():
-        return np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1])
-    # Anything unusual: parse line by line, to name the first bad line exactly.
-    return _read_idx_slow(path)
-
-
-def _read_idx_slow(
-    path: str | os.PathLike[str],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    keys: list[int] = []
-    offsets: list[int] = []
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
-            if not line:
-                continue
-            fields = [field.strip() for field in line.split(b"\t")]
-            problem = ""
-            if len(fields) != 2:
-                problem = f"found {len(fields)} tab-separated fields"
-            elif not all(_INT.fullmatch(field.decode("latin-1")) for field in fields):
-                problem = "key and offset must be integers"
-            else:
-                key, offset = int(fields[0]), int(fields[1])
-                if not _INT64_MIN <= key <= _INT64_MAX:
-                    problem = "key does not fit in int64"
-                elif not 0 <= offset <= _INT64_MAX:
-                    problem = "offset must be a non-negative int64"
-            if problem:
-                raise RecordIOFormatError(
-                    f"{os.fspath(path)}:{lineno}: malformed .idx line {raw!r}: {problem}; "
-                    "expected 'key<TAB>offset'"
-                )
-            keys.append(key)
-            offsets.append(offset)
-    return np.asarray(keys, dtype=np.int64), np.asarray(offsets, dtype=np.int64)

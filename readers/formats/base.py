@@ -1,0 +1,87 @@
+"""What generic code may ask of a registered shard format; one subclass per format.
+
+A format object knows its byte layout's files, how to recognise a bare (not packed) copy of
+the format, how to open a shard for reading, and which dataset class reads it. Generic code
+(``open_dataset``, ``load_index``, ``packer verify``, the CLI) asks the object instead of
+testing the format's name. Nothing here imports paddle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class ShardFormat:
+    """One on-disk shard format, as registered in ``readers.formats.REGISTRY``.
+
+    Subclasses set the class attributes and implement the methods that raise
+    ``NotImplementedError``.
+    """
+
+    name: str = ""
+    """The registry key and the ``format`` field of meta.json."""
+    title: str = ""
+    """How messages name the format."""
+    summary: str = ""
+    """One line for ``--format`` help: what the shards are and who else reads them."""
+    bare_hint: str = ""
+    """How messages describe a bare copy of the format that can be opened without meta.json."""
+    dataset: str = ""
+    """``module:Class`` of the paddle Dataset, imported only when asked for (keeps paddle out)."""
+    offsets_locate_records: bool = False
+    """True: the index ``offset`` is where each record starts, and reading needs it. False: it
+    is where the stored bytes lie in a shard file, a page-cache hint kept only when known for
+    every sample."""
+
+    def shard_path(self, root: Path, shard: str) -> str:
+        """The path a dataset opens for shard `shard` (a name from meta.json) of `root`."""
+        raise NotImplementedError
+
+    def shard_files(self, shard: str) -> tuple[str, ...]:
+        """The files of shard `shard`, relative to the dataset directory."""
+        raise NotImplementedError
+
+    def data_file(self, shard_path: str) -> str:
+        """The file that holds the stored bytes of the shard opened at `shard_path`."""
+        return shard_path
+
+    def open_shard(self, path: str) -> Any:
+        """The process's shared read-only handle of the shard at `path` (see readers.handles)."""
+        raise NotImplementedError
+
+    def find_bare(self, path: Path) -> Any | None:
+        """What `path` names when it is a bare copy of this format (to pass to the dataset or
+        to ``packer verify``), else None. A packed dataset directory is never bare."""
+        raise NotImplementedError
+
+    def near_miss(self, path: Path) -> str | None:
+        """Why `path` is almost, but not quite, a bare copy of this format (for messages)."""
+        del path
+        return None
+
+    def index_offsets(self, offset: np.ndarray, count: int) -> np.ndarray | None:
+        """The index's ``offset`` column as readers keep it (-1 marks an unknown offset)."""
+        if self.offsets_locate_records:
+            return offset
+        if len(offset) != count or (offset < 0).any():
+            return None
+        if len(offset) and int(offset.max()) < 2**32:
+            return offset.astype(np.uint32)
+        return offset
+
+    def dataset_class(self) -> Any:
+        """The paddle Dataset class of this format (imports paddle)."""
+        module, _, name = self.dataset.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    @property
+    def dataset_name(self) -> str:
+        """The dataset class's name, for messages, without importing it."""
+        return self.dataset.partition(":")[2]
+
+    def __repr__(self) -> str:
+        return f"<shard format {self.name}>"

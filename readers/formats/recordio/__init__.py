@@ -1,0 +1,130 @@
+"""The RecordIO shard format, byte-compatible with MXNet/dmlc: ``.rec`` records holding MXNet
+image records, ``.idx`` offsets, how a shard is opened and how a bare ``.rec`` is recognised.
+
+The byte layout lives in ``records`` (record framing), ``images`` (``IRHeader`` payloads and
+header peeking) and ``idx`` (``.idx`` files and finding a ``.rec``/``.idx`` pair). This
+package imports no paddle and no packer.
+"""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+from typing import Any
+
+from readers import handles
+from readers.formats.base import ShardFormat
+from readers.formats.recordio.idx import (
+    IDX_SUFFIX,
+    REC_SUFFIX,
+    find_recordio_pair,
+    format_idx_line,
+    read_idx,
+)
+from readers.formats.recordio.images import (
+    IR_HEADER,
+    IRHeader,
+    cut_short,
+    header_at,
+    pack_image_record,
+    unpack_image_record,
+)
+from readers.formats.recordio.records import (
+    HEAD_SIZE,
+    MAGIC,
+    MAGIC_BYTES,
+    MAX_PART,
+    MAX_PAYLOAD,
+    Buffer,
+    RecordFileWriter,
+    RecordIOError,
+    RecordIOFormatError,
+    RecordTooLargeError,
+    check_payload_size,
+    decode_lrec,
+    encode_lrec,
+    encode_record,
+    iter_records,
+    read_record_at,
+    scan_offsets,
+)
+
+__all__ = [
+    "FORMAT",
+    "HEAD_SIZE",
+    "IDX_SUFFIX",
+    "IR_HEADER",
+    "MAGIC",
+    "MAGIC_BYTES",
+    "MAX_PART",
+    "MAX_PAYLOAD",
+    "REC_SUFFIX",
+    "Buffer",
+    "IRHeader",
+    "RecordFileWriter",
+    "RecordIOError",
+    "RecordIOFormat",
+    "RecordIOFormatError",
+    "RecordTooLargeError",
+    "check_payload_size",
+    "cut_short",
+    "decode_lrec",
+    "encode_lrec",
+    "encode_record",
+    "find_recordio_pair",
+    "format_idx_line",
+    "header_at",
+    "iter_records",
+    "open_rec_readonly",
+    "pack_image_record",
+    "read_idx",
+    "read_record_at",
+    "scan_offsets",
+    "shared_rec",
+    "unpack_image_record",
+]
+
+
+def open_rec_readonly(path: str) -> mmap.mmap | bytes:
+    """Map a ``.rec`` read-only, for one pass (the caller closes it); see ``handles``."""
+    return handles.open_mmap_readonly(path)
+
+
+def shared_rec(path: str) -> mmap.mmap | bytes:
+    """The process's shared read-only mapping of the ``.rec`` at `path`."""
+    return handles.shared_mmap(path)
+
+
+class RecordIOFormat(ShardFormat):
+    """RecordIO shards: a ``.rec`` file and its ``.idx`` per shard."""
+
+    name = "recordio"
+    title = "RecordIO"
+    summary = "MXNet/dmlc .rec/.idx shards of MXNet image records"
+    bare_hint = f"a bare MXNet {REC_SUFFIX} file (with its {IDX_SUFFIX})"
+    dataset = "readers.datasets.recordio:RecordIODataset"
+    offsets_locate_records = True
+
+    def shard_path(self, root: Path, shard: str) -> str:
+        return str(root / f"{shard}{REC_SUFFIX}")
+
+    def shard_files(self, shard: str) -> tuple[str, ...]:
+        return (f"{shard}{REC_SUFFIX}", f"{shard}{IDX_SUFFIX}")
+
+    def open_shard(self, path: str) -> Any:
+        return shared_rec(path)
+
+    def find_bare(self, path: Path) -> tuple[Path, Path | None] | None:
+        return find_recordio_pair(path)
+
+    def near_miss(self, path: Path) -> str | None:
+        if path.is_dir():
+            recs = sorted(p.name for p in path.glob(f"*{REC_SUFFIX}") if p.is_file())
+            if len(recs) > 1:
+                return f"{len(recs)} {REC_SUFFIX} files {recs[:10]}; name the one to open"
+        elif path.is_file() and path.suffix == IDX_SUFFIX:
+            return f"a {IDX_SUFFIX} without its {REC_SUFFIX}"
+        return None
+
+
+FORMAT = RecordIOFormat()
