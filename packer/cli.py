@@ -11,6 +11,7 @@ import typer
 from packer.config import BuildConfig, parse_size, usable_cores
 from packer.encode import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from packer.errors import ConfigError, PackerError
+from packer.stage import stage_command
 from readers import _paddle
 from readers.errors import ReaderError
 
@@ -285,6 +286,9 @@ def bench(
             raise
         raise _fail(_paddle.PaddleMissingError()) from None
     typer.echo(report.json() if as_json else report.text())
+
+
+app.command(name="stage")(stage_command)
 
 
 def main() -> None:

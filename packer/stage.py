@@ -1,0 +1,96 @@
+"""``packer stage OUT DIR``: copy a packed dataset into a node-local cache ahead of training."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from readers.errors import ReaderError
+from readers.staging import Stager, StageResult, parse_size
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def summary(out: Path, result: StageResult, limit: str | None) -> list[str]:
+    """The lines `packer stage` prints about what it did."""
+    done = len(result.copied) + len(result.reused)
+    total = done + len(result.origin)
+    lines = [
+        f"{out}: {done} of {total} shard{'s' if total != 1 else ''} staged in {result.root} "
+        f"(copied {len(result.copied)}, {_mb(result.bytes_copied)}; "
+        f"already there {len(result.reused)})"
+    ]
+    if result.repaired:
+        lines.append(
+            f"re-copied {len(result.repaired)} staged shard(s) that failed their check: "
+            + ", ".join(result.repaired)
+        )
+    if result.evicted:
+        lines.append(
+            f"evicted {len(result.evicted)} least recently used shard(s) of other datasets"
+        )
+    if result.origin:
+        lines.append(
+            f"{len(result.origin)} shard(s) did not fit under --limit {limit} and will be read "
+            f"from {out}: " + ", ".join(result.origin)
+        )
+    return lines
+
+
+def stage_command(
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT", help="A packed dataset (on slow or shared storage).")
+    ],
+    cache_dir: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR",
+            help="Local cache directory (/dev/shm/packer, a local SSD), shared by every "
+            "process on this machine; pass the same one as cache_dir= to the datasets.",
+        ),
+    ],
+    limit: Annotated[
+        str | None,
+        typer.Option(
+            help="Most bytes DIR may hold (20GiB, 500MB); least recently used shards of other "
+            "datasets are evicted, shards that still do not fit are read from OUT.",
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(help="Re-read shards already staged and compare their CRC-32s."),
+    ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+    ] = None,
+) -> None:
+    """Copy OUT into DIR once per machine (checked, atomic); print the staged directory."""
+    from tqdm import tqdm
+
+    try:
+        cache_limit = parse_size(limit)
+        stager = Stager(out, cache_dir, cache_limit=cache_limit, check=check, hold=False)
+        show = sys.stderr.isatty() if progress is None else progress
+        with tqdm(
+            total=stager.total_bytes,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"staging {out.name}",
+            disable=not show,
+            file=sys.stderr,
+        ) as bar:
+            stager.progress = bar.update
+            result = stager.run()
+    except (ReaderError, OSError) as exc:
+        typer.echo(f"packer: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for line in summary(out, result, limit):
+        typer.echo(line, err=True)
+    typer.echo(str(result.root))

@@ -1,0 +1,53 @@
+"""Node-local staging: copy a packed dataset from slow or shared storage into a local cache
+directory once per machine, shared by every process (DataLoader workers, ranks) through file
+locks, each shard checked and renamed into place only when whole, least recently used shards
+evicted past a size limit.  No paddle import.
+
+``stage(path, cache_dir)`` returns a directory that every reader opens as it opens `path`: the
+dataset's small files copied, and each shard a link to its local copy, or to the origin when it
+did not fit under `cache_limit`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from readers.staging.files import Progress, StagingError, parse_size
+from readers.staging.stager import Stager, StageResult, release
+
+__all__ = ["StageResult", "Stager", "StagingError", "parse_size", "release", "stage"]
+
+
+def stage(
+    path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    cache_limit: int | str | None = None,
+    check: bool = False,
+    hold: bool = True,
+    progress: Progress | None = None,
+) -> Path:
+    """Stage the packed dataset `path` into `cache_dir` and return the local dataset directory.
+
+    Args:
+        path: a packed dataset directory (``meta.json``, index, shards).
+        cache_dir: a local directory (``/dev/shm/...``, a local SSD) shared by every process
+            of the machine; one subdirectory per dataset (keyed by its path and meta.json).
+        cache_limit: the most bytes the whole cache may hold (``20GiB``); least recently
+            used shards of other datasets are evicted to make room, and shards that still do
+            not fit are read from the origin.  None: no limit.
+        check: also re-read already staged shards and compare their CRC-32s (else sizes).
+        hold: keep a shared lock on every staged shard until this process exits (or
+            `release`), so that other processes never evict a shard this one uses.
+        progress: called with a byte count as shards are copied or found staged.
+    """
+    stager = Stager(
+        path,
+        cache_dir,
+        cache_limit=parse_size(cache_limit),
+        check=check,
+        hold=hold,
+        progress=progress,
+    )
+    return stager.run().root

@@ -1,0 +1,193 @@
+"""The layout of a staging cache directory, its space accounting and LRU eviction.
+
+::
+
+    CACHE/
+      .cache.lock                  held (exclusive) while space is counted, reserved or freed
+      <name>-<key>/                one staged dataset: a directory readers open as usual
+        meta.json, index.jsonl ... copies of the dataset's small files
+        shard-00000 -> .staging/data/shard-00000   (staged)  or  ORIGIN/shard-00000
+        .staging/
+          origin.json              {"path": ORIGIN}
+          data/<entry>             the staged copies
+          shards/<shard>.json      manifest: files, sizes, CRCs; present = complete.  Its
+                                   mtime is the shard's last use (LRU order).
+          shards/<shard>.copy      flock: held (exclusive) by the one process copying it
+          shards/<shard>.use       flock: held (shared) by every process using the copy
+          shards/<shard>.reserve   bytes reserved for a copy in progress
+
+A shard is evicted only when nobody copies it and nobody holds its ``.use`` lock; its links
+are pointed back to the origin before its copy is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from readers.staging.files import TMP_MARK, locked, point_link, read_json, remove
+
+CACHE_LOCK = ".cache.lock"
+STAGING = ".staging"
+
+
+@dataclass(frozen=True)
+class ShardSlot:
+    """Where one shard of one staged dataset keeps its state."""
+
+    root: Path  # the staged dataset directory
+    name: str  # the shard's name in meta.json
+
+    @property
+    def state(self) -> Path:
+        return self.root / STAGING / "shards"
+
+    @property
+    def data(self) -> Path:
+        return self.root / STAGING / "data"
+
+    @property
+    def manifest(self) -> Path:
+        return self.state / f"{self.name}.json"
+
+    @property
+    def copy_lock(self) -> Path:
+        return self.state / f"{self.name}.copy"
+
+    @property
+    def use_lock(self) -> Path:
+        return self.state / f"{self.name}.use"
+
+    @property
+    def reservation(self) -> Path:
+        return self.state / f"{self.name}.reserve"
+
+    def unstage(self, manifest: dict[str, Any] | None) -> None:
+        """Point the shard's links back to the origin, then remove its copy and manifest
+        (the manifest first: a crash half-way leaves an incomplete, ignored copy)."""
+        origin = read_json(self.root / STAGING / "origin.json")
+        self.manifest.unlink(missing_ok=True)
+        for entry in (manifest or {}).get("entries", []):
+            if origin is not None:
+                point_link(self.root / entry, os.path.join(origin["path"], entry))
+            remove(self.data / entry)
+        self.clean_temporaries()
+
+    def clean_temporaries(self) -> None:
+        """Remove what a killed copy of this shard left behind."""
+        if self.data.is_dir():
+            for path in self.data.iterdir():
+                if path.name.startswith(self.name) and TMP_MARK in path.name:
+                    remove(path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _slots(cache: Path) -> list[ShardSlot]:
+    slots: list[ShardSlot] = []
+    for state in cache.glob(f"*/{STAGING}/shards"):
+        root = state.parent.parent
+        names = {p.name.rsplit(".", 1)[0] for p in state.iterdir() if TMP_MARK not in p.name}
+        slots.extend(ShardSlot(root, n) for n in sorted(names))
+    return slots
+
+
+def _manifest_bytes(slot: ShardSlot) -> int:
+    manifest = read_json(slot.manifest)
+    return int(manifest["bytes"]) if manifest else 0
+
+
+def _reserved_bytes(slot: ShardSlot) -> int:
+    """Bytes reserved for a copy in progress; a reservation whose copier died is dropped."""
+    if not slot.reservation.exists():
+        return 0
+    with locked(slot.copy_lock, wait=False) as free:
+        if free:  # nobody copies: the reserving process was killed
+            slot.reservation.unlink(missing_ok=True)
+            slot.clean_temporaries()
+            return 0
+    try:
+        return int(slot.reservation.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def usage(cache: Path) -> int:
+    """Bytes the cache holds or has reserved: staged shards, copies in progress and the small
+    files of every staged dataset."""
+    total = 0
+    for root in cache.iterdir():
+        if root.is_dir() and TMP_MARK not in root.name and not root.name.startswith("."):
+            total += sum(_size(p) for p in root.iterdir() if p.is_file() and not p.is_symlink())
+    for slot in _slots(cache):
+        total += _manifest_bytes(slot) + _reserved_bytes(slot)
+    return total
+
+
+def _last_use(slot: ShardSlot) -> float:
+    try:
+        return slot.manifest.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
+def evict_one(slot: ShardSlot) -> int:
+    """Evict `slot` if nobody copies or uses it; return the bytes freed (0: left alone)."""
+    with locked(slot.copy_lock, wait=False) as no_copier:
+        if not no_copier:
+            return 0
+        with locked(slot.use_lock, wait=False) as unused:
+            if not unused:
+                return 0
+            manifest = read_json(slot.manifest)
+            if manifest is None:
+                return 0
+            slot.unstage(manifest)
+            return int(manifest["bytes"])
+
+
+def reserve(cache: Path, slot: ShardSlot, need: int, limit: int | None) -> list[ShardSlot]:
+    """Reserve `need` bytes for copying `slot`, evicting least recently used shards of other
+    datasets as needed (the caller holds the slot's copy lock).
+
+    Returns the evicted slots; raises `NoRoom` when the shard does not fit.
+    """
+    with locked(cache / CACHE_LOCK):
+        evicted: list[ShardSlot] = []
+        if limit is not None:
+            used = usage(cache)
+            candidates = sorted(
+                (s for s in _slots(cache) if s.root != slot.root and s.manifest.exists()),
+                key=_last_use,
+            )
+            for other in candidates:
+                if used + need <= limit:
+                    break
+                freed = evict_one(other)
+                if freed:
+                    used -= freed
+                    evicted.append(other)
+            if used + need > limit:
+                raise NoRoom(used, need, limit)
+        slot.reservation.write_text(str(need))
+        return evicted
+
+
+class NoRoom(Exception):
+    """A shard does not fit under the cache limit, even after evicting what can be evicted."""
+
+    def __init__(self, used: int, need: int, limit: int) -> None:
+        super().__init__(f"{need} bytes do not fit: {used} of {limit} in use")
+
+
+def release(slot: ShardSlot) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        slot.reservation.unlink()

@@ -1,0 +1,160 @@
+"""File primitives of staging: flock-based locks, a checked copy (CRC while reading, fsync, re-read
+and compare), atomic small-file writes and size parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from readers.errors import ReaderError
+
+BLOCK = 4 << 20
+TMP_MARK = ".tmp-"
+
+Progress = Callable[[int], None]
+
+
+class StagingError(ReaderError):
+    """A dataset could not be staged, or a staged copy does not match its origin."""
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_UNITS.update({"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40})
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """``None`` -> ``None``; an int -> itself; ``"20GiB"``, ``"500MB"``, ``"1.5G"`` -> bytes."""
+    if value is None or isinstance(value, int):
+        if isinstance(value, int) and value < 0:
+            raise StagingError(f"cache limit {value}: expected a size >= 0")
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgt]i?)?b?\s*", value, re.IGNORECASE)
+    if match is None:
+        raise StagingError(f"cache limit {value!r}: expected bytes or a size such as 20GiB, 500MB")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+@contextlib.contextmanager
+def locked(path: Path, *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
+    """Hold an flock on `path` (created if missing) for the block; yields False, holding
+    nothing, when `wait` is False and another process holds a conflicting lock."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        try:
+            fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing the only descriptor drops the lock
+
+
+def hold_shared(path: Path) -> int | None:
+    """Take a shared flock on `path` and return its descriptor (kept open to keep the lock);
+    None when the file is gone."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def crc_file(path: Path, progress: Progress | None = None) -> int:
+    """The CRC-32 of a whole file."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(BLOCK):
+            crc = zlib.crc32(block, crc)
+            if progress is not None:
+                progress(len(block))
+    return crc
+
+
+def copy_checked(src: Path, dst: Path, progress: Progress | None = None) -> dict[str, int]:
+    """Copy `src` to the new file `dst`, fsync it, re-read it and compare CRC-32s.
+
+    Returns ``{"size": ..., "crc32": ...}`` of the bytes read from `src`.
+    """
+    crc = 0
+    size = 0
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fin.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while block := fin.read(BLOCK):
+            crc = zlib.crc32(block, crc)
+            size += len(block)
+            fout.write(block)
+            if progress is not None:
+                progress(len(block))
+        fout.flush()
+        os.fsync(fout.fileno())
+    copied = crc_file(dst)
+    if copied != crc or dst.stat().st_size != size:
+        raise StagingError(
+            f"{dst}: copy of {src} reads back with CRC-32 {copied:08x}, expected {crc:08x} "
+            "(local disk or memory error?)"
+        )
+    return {"size": size, "crc32": crc}
+
+
+def entry_files(entry: Path) -> list[str]:
+    """The regular files of a shard entry (a file, or a directory of files), as paths relative
+    to the entry's parent, sorted."""
+    if entry.is_dir():
+        return sorted(str(p.relative_to(entry.parent)) for p in entry.rglob("*") if p.is_file())
+    return [entry.name]
+
+
+def remove(path: Path) -> None:
+    """Remove a file, a symlink or a directory tree; missing is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` through a fsynced temporary file and a rename."""
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in `path`, or None when it is missing or unreadable (a torn write)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def point_link(link: Path, target: str) -> None:
+    """Make `link` a symlink to `target`, replacing what is there atomically."""
+    tmp = link.with_name(f"{link.name}{TMP_MARK}{os.getpid()}")
+    remove(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)

@@ -1,0 +1,286 @@
+"""Stage one packed dataset into a cache directory: small files once, then shard by shard under
+a per-shard lock, each copy checked and renamed into place only when whole."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from readers.formats.layout import INDEX_NAME, META_NAME
+from readers.staging import cache
+from readers.staging.cache import STAGING, ShardSlot
+from readers.staging.files import (
+    TMP_MARK,
+    Progress,
+    StagingError,
+    copy_checked,
+    crc_file,
+    entry_files,
+    fsync_dir,
+    hold_shared,
+    locked,
+    point_link,
+    read_json,
+    remove,
+    write_json_atomic,
+)
+
+# Use locks this process holds on staged shards: staged dataset directory -> shard -> fd.
+_HELD: dict[Path, dict[str, int]] = {}
+
+
+@dataclass
+class StageResult:
+    """What one `stage` call did, shard names by outcome."""
+
+    root: Path
+    copied: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    origin: list[str] = field(default_factory=list)  # did not fit: read from the origin
+    repaired: list[str] = field(default_factory=list)  # a staged copy failed its check
+    evicted: list[str] = field(default_factory=list)  # "<dataset dir>/<shard>" of others
+    bytes_copied: int = 0
+
+
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+class Stager:
+    """Stages the packed dataset at `origin` into `cache_dir` (see `readers.staging.stage`)."""
+
+    def __init__(
+        self,
+        origin: str | os.PathLike[str],
+        cache_dir: str | os.PathLike[str],
+        *,
+        cache_limit: int | None = None,
+        check: bool = False,
+        hold: bool = True,
+        progress: Progress | None = None,
+    ) -> None:
+        self.origin = Path(origin).resolve()
+        self.cache = Path(cache_dir)
+        self.limit = cache_limit
+        self.check = check
+        self.hold = hold
+        self.progress = progress
+        try:
+            self.meta_bytes = (self.origin / META_NAME).read_bytes()
+        except FileNotFoundError:
+            raise StagingError(
+                f"{self.origin}: no {META_NAME}; only a packed dataset (packer build) can be staged"
+            ) from None
+        self.meta: dict[str, Any] = json.loads(self.meta_bytes)
+        key = hashlib.sha256(str(self.origin).encode() + b"\0" + self.meta_bytes).hexdigest()
+        self.root = self.cache / f"{self.origin.name}-{key[:16]}"
+        self.shards: list[dict[str, Any]] = list(self.meta.get("shards", []))
+        names = {str(s["name"]) for s in self.shards}
+        self.entries: dict[str, list[str]] = {n: [] for n in names}
+        self.small: list[str] = []
+        for item in sorted(self.origin.iterdir(), key=lambda p: p.name):
+            base = item.name.split(".", 1)[0]
+            if base in names:
+                self.entries[base].append(item.name)
+            elif item.is_file():
+                self.small.append(item.name)
+        missing = sorted(n for n, e in self.entries.items() if not e)
+        if missing:
+            raise StagingError(
+                f"{self.origin}: {META_NAME} lists shard {missing[0]} but no file of it is there"
+                f" ({len(missing)} missing); is the dataset complete? (packer verify)"
+            )
+        self.sizes = {
+            s["name"]: {
+                rel: os.path.getsize(self.origin / rel)
+                for e in self.entries[s["name"]]
+                for rel in entry_files(self.origin / e)
+            }
+            for s in self.shards
+        }
+        self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
+
+    def run(self) -> StageResult:
+        """Stage every shard that fits; return what was done."""
+        self.cache.mkdir(parents=True, exist_ok=True)
+        result = StageResult(self.root)
+        self._ensure_root()
+        for shard in self.shards:
+            slot = ShardSlot(self.root, str(shard["name"]))
+            self._stage_shard(slot, shard, result)
+        return result
+
+    def _ensure_root(self) -> None:
+        """Create the staged dataset directory (small files + links to the origin's shards)
+        once, atomically."""
+        if self.root.is_dir():
+            return
+        with locked(self.cache / f".{self.root.name}.lock"):
+            if self.root.is_dir():
+                return
+            for stale in self.cache.glob(f"{self.root.name}{TMP_MARK}*"):
+                remove(stale)
+            tmp = self.cache / f"{self.root.name}{TMP_MARK}{os.getpid()}"
+            (tmp / STAGING / "data").mkdir(parents=True)
+            (tmp / STAGING / "shards").mkdir()
+            for name in self.small:
+                copy_checked(self.origin / name, tmp / name)
+            self._check_index(tmp)
+            write_json_atomic(tmp / STAGING / "origin.json", {"path": str(self.origin)})
+            for entries in self.entries.values():
+                for entry in entries:
+                    os.symlink(self.origin / entry, tmp / entry)
+            fsync_dir(tmp)
+            os.rename(tmp, self.root)
+            fsync_dir(self.cache)
+
+    def _check_index(self, root: Path) -> None:
+        recorded = self.meta.get("index_sha256")
+        if not recorded or not (root / INDEX_NAME).exists():
+            return
+        digest = hashlib.sha256()
+        with open(root / INDEX_NAME, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+        if digest.hexdigest() != recorded:
+            raise StagingError(
+                f"{self.origin / INDEX_NAME}: SHA-256 differs from {META_NAME}'s index_sha256; "
+                "the index changed after the build (packer verify)"
+            )
+
+    def _stage_shard(self, slot: ShardSlot, shard: dict[str, Any], result: StageResult) -> None:
+        name = slot.name
+        sizes = self.sizes[name]
+        need = sum(sizes.values())
+        with locked(slot.copy_lock):
+            manifest = read_json(slot.manifest)
+            if manifest is not None:
+                if self._intact(slot, manifest):
+                    os.utime(slot.manifest)  # last use, for LRU eviction
+                    self._flip_links(slot)
+                    result.reused.append(name)
+                    self._advance(need)
+                    self._hold(slot)
+                    return
+                result.repaired.append(name)
+            slot.unstage(manifest)
+            for entry in self.entries[name]:
+                remove(slot.data / entry)
+            self._check_meta_size(name, shard, sizes)
+            try:
+                evicted = cache.reserve(self.cache, slot, need, self.limit)
+            except cache.NoRoom:
+                result.origin.append(name)
+                self._advance(need)
+                return
+            result.evicted.extend(f"{s.root.name}/{s.name}" for s in evicted)
+            try:
+                self._copy(slot)
+            finally:
+                cache.release(slot)
+            result.copied.append(name)
+            result.bytes_copied += need
+            self._hold(slot)
+
+    def _copy(self, slot: ShardSlot) -> None:
+        name = slot.name
+        before = {rel: _stat(self.origin / rel) for rel in self.sizes[name]}
+        files: dict[str, dict[str, int]] = {}
+        temporaries = []
+        for entry in self.entries[name]:
+            src = self.origin / entry
+            tmp = slot.data / f"{entry}{TMP_MARK}{os.getpid()}"
+            temporaries.append((tmp, slot.data / entry))
+            if src.is_dir():
+                tmp.mkdir()
+                for rel in entry_files(src):
+                    inner = Path(*Path(rel).parts[1:])
+                    (tmp / inner).parent.mkdir(parents=True, exist_ok=True)
+                    files[rel] = copy_checked(self.origin / rel, tmp / inner, self.progress)
+                fsync_dir(tmp)
+            else:
+                files[entry] = copy_checked(src, tmp, self.progress)
+        after = {rel: _stat(self.origin / rel) for rel in self.sizes[name]}
+        if after != before:
+            raise StagingError(f"{self.origin}: shard {name} changed while it was copied")
+        for tmp, final in temporaries:
+            os.rename(tmp, final)
+        fsync_dir(slot.data)
+        write_json_atomic(
+            slot.manifest,
+            {
+                "entries": self.entries[name],
+                "files": files,
+                "origin": before,
+                "bytes": sum(f["size"] for f in files.values()),
+            },
+        )
+        self._flip_links(slot)
+
+    def _intact(self, slot: ShardSlot, manifest: dict[str, Any]) -> bool:
+        """A staged copy is used when its origin is unchanged (sizes and mtimes) and its files
+        have their recorded sizes (and, with `check`, their recorded CRC-32s)."""
+        try:
+            if manifest.get("entries") != self.entries[slot.name]:
+                return False
+            if manifest["origin"] != {rel: _stat(self.origin / rel) for rel in manifest["origin"]}:
+                return False
+            for rel, record in manifest["files"].items():
+                copy = slot.data / rel
+                if copy.stat().st_size != record["size"]:
+                    return False
+                if self.check and crc_file(copy) != record["crc32"]:
+                    return False
+        except (OSError, KeyError, TypeError):
+            return False
+        return True
+
+    def _check_meta_size(self, name: str, shard: dict[str, Any], sizes: dict[str, int]) -> None:
+        # meta.json's file_bytes counts the files a format's writer counts (a data file alone,
+        # or data + offsets), so any subset of the shard's few files may make it up.
+        recorded = shard.get("file_bytes")
+        values = list(sizes.values())
+        sums = {
+            sum(v for bit, v in enumerate(values) if mask >> bit & 1)
+            for mask in range(1, 1 << min(len(values), 8))
+        }
+        if recorded is not None and int(recorded) not in sums:
+            found = ", ".join(f"{rel} {size}" for rel, size in sizes.items())
+            raise StagingError(
+                f"{self.origin}: shard {name}: {META_NAME} records {recorded} bytes of "
+                f"shard files, found {found}; the shard changed after the build (packer verify)"
+            )
+
+    def _flip_links(self, slot: ShardSlot) -> None:
+        for entry in self.entries[slot.name]:
+            target = f"{STAGING}/data/{entry}"
+            link = self.root / entry
+            if os.readlink(link) != target:
+                point_link(link, target)
+        fsync_dir(self.root)
+
+    def _hold(self, slot: ShardSlot) -> None:
+        held = _HELD.setdefault(self.root, {})
+        if self.hold and slot.name not in held:
+            slot.use_lock.touch()
+            fd = hold_shared(slot.use_lock)
+            if fd is not None:
+                held[slot.name] = fd
+
+    def _advance(self, nbytes: int) -> None:
+        if self.progress is not None and nbytes:
+            self.progress(nbytes)
+
+
+def release(root: str | os.PathLike[str]) -> None:
+    """Drop this process's use locks on the staged dataset `root` (its shards may then be
+    evicted by other processes)."""
+    for fd in _HELD.pop(Path(root), {}).values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
