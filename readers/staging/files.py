@@ -116,14 +116,6 @@ def copy_checked(src: Path, dst: Path, progress: Progress | None = None) -> dict
     return {"size": size, "crc32": crc}
 
 
-def entry_files(entry: Path) -> list[str]:
-    """The regular files of a shard entry (a file, or a directory of files), as paths relative
-    to the entry's parent, sorted."""
-    if entry.is_dir():
-        return sorted(str(p.relative_to(entry.parent)) for p in entry.rglob("*") if p.is_file())
-    return [entry.name]
-
-
 def remove(path: Path) -> None:
     """Remove a file, a symlink or a directory tree; missing is fine."""
     if path.is_dir() and not path.is_symlink():

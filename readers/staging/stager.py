@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from readers.formats import FORMATS, get_format
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.staging import cache
 from readers.staging.cache import STAGING, ShardSlot
@@ -20,7 +21,6 @@ from readers.staging.files import (
     StagingError,
     copy_checked,
     crc_file,
-    entry_files,
     fsync_dir,
     hold_shared,
     locked,
@@ -80,30 +80,31 @@ class Stager:
         self.meta: dict[str, Any] = json.loads(self.meta_bytes)
         key = hashlib.sha256(str(self.origin).encode() + b"\0" + self.meta_bytes).hexdigest()
         self.root = self.cache / f"{self.origin.name}-{key[:16]}"
-        self.shards: list[dict[str, Any]] = list(self.meta.get("shards", []))
-        names = {str(s["name"]) for s in self.shards}
-        self.entries: dict[str, list[str]] = {n: [] for n in names}
-        self.small: list[str] = []
-        for item in sorted(self.origin.iterdir(), key=lambda p: p.name):
-            base = item.name.split(".", 1)[0]
-            if base in names:
-                self.entries[base].append(item.name)
-            elif item.is_file():
-                self.small.append(item.name)
-        missing = sorted(n for n, e in self.entries.items() if not e)
-        if missing:
+        fmt = get_format(str(self.meta.get("format")))
+        if fmt is None:
             raise StagingError(
-                f"{self.origin}: {META_NAME} lists shard {missing[0]} but no file of it is there"
-                f" ({len(missing)} missing); is the dataset complete? (packer verify)"
+                f"{self.origin / META_NAME}: format {self.meta.get('format')!r} is not one of "
+                f"{', '.join(FORMATS)}"
             )
-        self.sizes = {
-            s["name"]: {
-                rel: os.path.getsize(self.origin / rel)
-                for e in self.entries[s["name"]]
-                for rel in entry_files(self.origin / e)
+        self.shards: list[dict[str, Any]] = list(self.meta.get("shards", []))
+        # shard -> its files (relative paths) / its top-level entries (a file or a directory),
+        # as the format names them; the entries are what the staged directory links.
+        self.files = {str(s["name"]): list(fmt.shard_files(str(s["name"]))) for s in self.shards}
+        self.entries = {n: sorted({f.split("/", 1)[0] for f in fs}) for n, fs in self.files.items()}
+        linked = {e for es in self.entries.values() for e in es}
+        self.small = sorted(
+            p.name for p in self.origin.iterdir() if p.name not in linked and p.is_file()
+        )
+        try:
+            self.sizes = {
+                n: {rel: os.path.getsize(self.origin / rel) for rel in fs}
+                for n, fs in self.files.items()
             }
-            for s in self.shards
-        }
+        except FileNotFoundError as exc:
+            raise StagingError(
+                f"{exc.filename}: missing, though {META_NAME} lists its shard; is the dataset "
+                "complete? (packer verify)"
+            ) from None
         self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
 
     def run(self) -> StageResult:
@@ -199,8 +200,10 @@ class Stager:
             temporaries.append((tmp, slot.data / entry))
             if src.is_dir():
                 tmp.mkdir()
-                for rel in entry_files(src):
+                for rel in self.files[name]:
                     inner = Path(*Path(rel).parts[1:])
+                    if Path(rel).parts[0] != entry:
+                        continue
                     (tmp / inner).parent.mkdir(parents=True, exist_ok=True)
                     files[rel] = copy_checked(self.origin / rel, tmp / inner, self.progress)
                 fsync_dir(tmp)
@@ -242,15 +245,8 @@ class Stager:
         return True
 
     def _check_meta_size(self, name: str, shard: dict[str, Any], sizes: dict[str, int]) -> None:
-        # meta.json's file_bytes counts the files a format's writer counts (a data file alone,
-        # or data + offsets), so any subset of the shard's few files may make it up.
         recorded = shard.get("file_bytes")
-        values = list(sizes.values())
-        sums = {
-            sum(v for bit, v in enumerate(values) if mask >> bit & 1)
-            for mask in range(1, 1 << min(len(values), 8))
-        }
-        if recorded is not None and int(recorded) not in sums:
+        if recorded is not None and int(recorded) != sum(sizes.values()):
             found = ", ".join(f"{rel} {size}" for rel, size in sizes.items())
             raise StagingError(
                 f"{self.origin}: shard {name}: {META_NAME} records {recorded} bytes of "
