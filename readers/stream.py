@@ -2,10 +2,10 @@
 
 One epoch, for one rank, is built from pure functions of ``(seed, epoch)`` and the layout:
 
-1. **Global order.** ``samplers.chunk_order`` with the window shuffle off: chunks of
+1. **Global order.** ``readers.order.chunk_order`` with the window shuffle off: chunks of
    ``chunk_size`` neighbouring ids (never crossing a shard) in shuffled order, ids ascending
    inside each chunk.
-2. **Rank share.** ``samplers.split_for_rank``: a contiguous slice, the same length on every
+2. **Rank share.** ``readers.order.split_for_rank``: a contiguous slice, the same length on every
    rank (padded by repeating the order, or dropped, as ``drop_last`` says).
 3. **Worker span.** The share is cut into ``V = max(num_workers, 1)`` contiguous spans of
    ``len // V`` or ``len // V + 1`` samples (the first ``len % V`` spans are the longer ones).
@@ -50,31 +50,34 @@ its first epoch.
 
 from __future__ import annotations
 
-import copy
 import os
-import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import paddle
 
-from readers.decode import check_mode, decode_image
-from readers.errors import RecordError
-from readers.samplers import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_WINDOW,
-    SizedDataset,
-    _check_nonneg,
-    _dataset_bounds,
-    _rank_span,
-    check_saved_params,
-    chunk_order,
+from readers.order import (
+    IntArray,
+    buffer_order,
+    check_nonneg,
     chunk_ranges,
-    split_for_rank,
+    loader_batches,
+    rank_share,
+    rank_span,
+    worker_counts,
+    worker_slice,
 )
+from readers.resume import (
+    StreamResume,
+    fingerprint,
+    loader_shape,
+    read_stream_state,
+    stream_state,
+)
+from readers.samplers import DEFAULT_CHUNK_SIZE, DEFAULT_WINDOW, check_rank
+from readers.selection import SizedDataset, dataset_bounds
+from readers.stream_reader import StreamSource
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -87,142 +90,6 @@ __all__ = [
 DEFAULT_SHUFFLE_BUFFER = DEFAULT_WINDOW * DEFAULT_CHUNK_SIZE
 """Samples per worker's shuffle buffer: they mix across about as many chunks as the sampler's
 window (8 chunks of 64). Held as stored bytes: ~50 MB per worker for ImageNet-sized JPEGs."""
-
-STATE_VERSION = 1
-
-IntArray = npt.NDArray[np.int64]
-
-
-# --------------------------------------------------------------------------- pure functions
-
-
-def worker_counts(n: int, num_workers: int) -> IntArray:
-    """Samples each worker of a rank gets: contiguous spans of ``n // V`` or ``n // V + 1``.
-
-    Args:
-        n: Samples in the rank's share.
-        num_workers: DataLoader workers; 0 (iteration in the main process) counts as 1.
-
-    Returns:
-        ``V = max(num_workers, 1)`` counts; the first ``n % V`` are the larger ones.
-    """
-    _check_nonneg("n", n)
-    _check_nonneg("num_workers", num_workers)
-    v = max(int(num_workers), 1)
-    counts = np.full(v, n // v, dtype=np.int64)
-    counts[: n % v] += 1
-    return counts
-
-
-def buffer_order(m: int, *, buffer: int, rng: np.random.Generator) -> IntArray:
-    """The order in which a shuffle buffer of ``buffer`` slots emits inputs ``0 .. m-1``.
-
-    The buffer is the usual one, computed on positions without a Python loop::
-
-        slots = []
-        for t in range(m):                       # read input t
-            if t < buffer:
-                slots.append(t)                  # filling
-            else:
-                j = draws[t - buffer]            # draws = rng.integers(0, buffer, m - buffer)
-                emit(slots[j]); slots[j] = t
-        for j in rng.permutation(len(slots)):    # drain
-            emit(slots[j])
-
-    Output ``o`` is emitted after inputs ``0 .. min(o + buffer, m) - 1`` have been read, and
-    is one of them: ``order[o] < o + buffer``.
-
-    Args:
-        m: Number of inputs.
-        buffer: Slots; 1 (or 0) keeps the input order.
-        rng: The generator the draws come from.
-
-    Returns:
-        A permutation of ``0 .. m-1`` (int64).
-    """
-    _check_nonneg("m", m)
-    _check_nonneg("buffer", buffer)
-    if buffer <= 1 or m <= 1:
-        return np.arange(m, dtype=np.int64)
-    steps = m - buffer
-    if steps <= 0:
-        return rng.permutation(m).astype(np.int64)
-    draws = rng.integers(0, buffer, size=steps, dtype=np.int64)
-    # Step s (input buffer + s) emits the occupant of slot draws[s]: the input placed there at
-    # the previous step that drew the same slot, or the slot's first input (= the slot number).
-    by_slot = np.argsort(draws, kind="stable")
-    slot = draws[by_slot]
-    first = np.ones(steps, dtype=np.bool_)
-    first[1:] = slot[1:] != slot[:-1]
-    previous = np.empty(steps, dtype=np.int64)
-    previous[0] = 0
-    previous[1:] = by_slot[:-1] + buffer
-    out = np.empty(m, dtype=np.int64)
-    out[by_slot] = np.where(first, slot, previous)
-    last = np.ones(steps, dtype=np.bool_)
-    last[:-1] = slot[1:] != slot[:-1]
-    final = np.arange(buffer, dtype=np.int64)
-    final[slot[last]] = by_slot[last] + buffer
-    out[steps:] = final[rng.permutation(buffer)]
-    return out
-
-
-def loader_batches(
-    counts: npt.ArrayLike, *, batch_size: int, drop_last: bool
-) -> tuple[IntArray, IntArray, IntArray]:
-    """The batches ``paddle.io.DataLoader`` yields from workers with these sample counts.
-
-    Worker ``w`` forms batches of ``batch_size`` from its own samples (the last one short, or
-    dropped with ``drop_last``); the loader yields batch ``r`` of worker ``w`` in the
-    lexicographic order of ``(r, w)`` (see the module docstring).
-
-    Args:
-        counts: Samples per worker (``worker_counts``).
-        batch_size: The loader's ``batch_size``.
-        drop_last: The loader's ``drop_last``.
-
-    Returns:
-        ``(worker, round, size)`` of every batch, in the order the loader yields them.
-    """
-    _check_nonneg("batch_size", batch_size, 1)
-    c = np.asarray(counts, dtype=np.int64)
-    v = c.size
-    nb = c // batch_size if drop_last else -(-c // batch_size)
-    worker = np.repeat(np.arange(v, dtype=np.int64), nb)
-    rnd = np.arange(worker.size, dtype=np.int64) - np.repeat(np.cumsum(nb) - nb, nb)
-    order = np.argsort(rnd * v + worker, kind="stable")
-    worker, rnd = worker[order], rnd[order]
-    size = np.minimum(batch_size, c[worker] - rnd * batch_size)
-    return worker, rnd, size
-
-
-def _runs(ids: IntArray, chunk_lo: IntArray) -> tuple[IntArray, IntArray]:
-    """Sequential runs of ``ids``: ``run[p]`` for each position, and each run's last position.
-
-    A run is a stretch of consecutive ascending ids inside one chunk.
-    """
-    if ids.size == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    chunk = np.searchsorted(chunk_lo, ids, side="right")
-    start = np.ones(ids.size, dtype=np.bool_)
-    start[1:] = (ids[1:] != ids[:-1] + 1) | (chunk[1:] != chunk[:-1])
-    run = np.cumsum(start) - 1
-    last = np.flatnonzero(np.append(start[1:], True))
-    return run.astype(np.int64), last.astype(np.int64)
-
-
-# --------------------------------------------------------------------------- the stream
-
-
-@dataclass(frozen=True)
-class _Resume:
-    """Where the saved epoch continues: samples each worker skips, and the worker rotation."""
-
-    epoch: int
-    num_workers: int  # as the loader had them (0: in-process)
-    skip: tuple[int, ...]  # per worker of the saved run
-    rotation: int  # DataLoader worker j plays saved worker (j + rotation) % V
 
 
 def _worker_info() -> Any:
@@ -276,60 +143,36 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         world_size: int | None = None,
     ) -> None:
         super().__init__()
-        _check_nonneg("chunk_size", chunk_size, 1)
-        _check_nonneg("shuffle_buffer", shuffle_buffer, 1)
-        _check_nonneg("seed", seed)
-        if decode is not None:
-            check_mode(decode)
-        if rank is None or world_size is None:
-            import paddle.distributed as dist
-
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        _check_nonneg("world_size", world_size, 1)
-        _check_nonneg("rank", rank)
-        if rank >= world_size:
-            raise ValueError(f"rank must be < world_size, got rank={rank} world_size={world_size}")
-
-        dataset: Any = source
-        opened = False
-        if isinstance(source, str | os.PathLike):
-            from readers.datasets import open_dataset
-
-            dataset, opened = open_dataset(source, decode="bytes"), True
-            decode = "rgb" if decode is None else decode
-        self._packed = hasattr(dataset, "decode") and hasattr(dataset, "transform")
-        if self._packed and not opened:
-            # Our own copy reads the stored bytes; copy.copy goes through __getstate__, so
-            # the copy starts without the original's handles.
-            decode = dataset.decode if decode is None else decode
-            transform = dataset.transform if transform is None else transform
-            dataset = copy.copy(dataset)
-            dataset.decode = "bytes"
-            dataset.transform = None
-        elif not self._packed and (decode is not None or transform is not None):
-            raise ValueError(
-                f"decode= and transform= apply to packed datasets (with .decode and "
-                f".transform); {type(dataset).__name__} has neither, so its items are yielded "
-                "as they are: decode and transform in the dataset instead"
-            )
-        self.dataset = dataset
-        self.decode = decode
-        self.transform = transform
-        self._bounds = _dataset_bounds(dataset)
+        check_nonneg("chunk_size", chunk_size, 1)
+        check_nonneg("shuffle_buffer", shuffle_buffer, 1)
+        check_nonneg("seed", seed)
+        self._rank, self._world_size = check_rank(rank, world_size)
+        self._source = StreamSource(source, decode=decode, transform=transform)
+        self._bounds = dataset_bounds(self._source.dataset)
         self._chunk_size = int(chunk_size)
         self._shuffle = bool(shuffle)
         self._buffer = int(shuffle_buffer) if shuffle else 1
         self._seed = int(seed)
         self._drop_last = bool(drop_last)
-        self._rank = int(rank)
-        self._world_size = int(world_size)
         self._epoch = 0
-        self._resume: _Resume | None = None
+        self._resume: StreamResume | None = None
         self._worker_passes = 0  # passes started by this copy inside a DataLoader worker
         self._fingerprint: int | None = None
 
     # ------------------------------------------------------------------ properties
+    @property
+    def dataset(self) -> Any:
+        """The dataset the stream reads (a copy reading stored bytes, for a packed one)."""
+        return self._source.dataset
+
+    @property
+    def decode(self) -> str | None:
+        return self._source.decode
+
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        return self._source.transform
+
     @property
     def epoch(self) -> int:
         return self._epoch
@@ -344,7 +187,7 @@ class ShardStream(paddle.io.IterableDataset[Any]):
 
     def __len__(self) -> int:  # type: ignore[override]
         """Samples this rank yields per epoch (every rank the same)."""
-        start, stop = _rank_span(
+        start, stop = rank_span(
             int(self._bounds[-1]),
             rank=self._rank,
             world_size=self._world_size,
@@ -358,7 +201,7 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         ``len(DataLoader)`` is not defined for an ``IterableDataset``; use this for learning
         rate schedules. ``loader`` needs ``batch_size``, ``num_workers`` and ``drop_last``.
         """
-        batch_size, num_workers, drop = _loader_shape(loader)
+        batch_size, num_workers, drop = loader_shape(loader)
         counts = worker_counts(len(self), num_workers)
         return int(loader_batches(counts, batch_size=batch_size, drop_last=drop)[0].size)
 
@@ -369,35 +212,29 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         Call it before creating the epoch's DataLoader iterator: workers copy the stream when
         they start.
         """
-        _check_nonneg("epoch", epoch)
+        check_nonneg("epoch", epoch)
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
             self._resume = None
 
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """This rank's share of the global order for ``epoch`` (default: the current one)."""
-        epoch = self._epoch if epoch is None else epoch
-        order = chunk_order(
+        return rank_share(
             self._bounds,
             chunk_size=self._chunk_size,
             window=0,
             seed=self._seed,
-            epoch=epoch,
+            epoch=self._epoch if epoch is None else epoch,
+            rank=self._rank,
+            world_size=self._world_size,
+            drop_last=self._drop_last,
             shuffle=self._shuffle,
         )
-        share = split_for_rank(
-            order, rank=self._rank, world_size=self._world_size, drop_last=self._drop_last
-        )
-        return share.copy() if share.size < order.size else share  # let the order be freed
 
     def _worker_plan(self, epoch: int, worker: int, num_workers: int) -> tuple[IntArray, IntArray]:
         """The ids a worker reads, in read order, and the order its buffer emits them in."""
         share = self.rank_order(epoch)
-        counts = worker_counts(share.size, num_workers)
-        if not 0 <= worker < counts.size:
-            raise ValueError(f"need 0 <= worker < {counts.size}, got {worker}")
-        start = int(counts[:worker].sum())
-        ids = share[start : start + int(counts[worker])]
+        ids = share[worker_slice(share.size, worker=worker, num_workers=num_workers)]
         rng = np.random.default_rng([self._seed, int(epoch), self._rank, int(worker)])
         return ids, buffer_order(ids.size, buffer=self._buffer, rng=rng)
 
@@ -426,7 +263,7 @@ class ShardStream(paddle.io.IterableDataset[Any]):
     def _items(
         self,
         epoch: int,
-        resume: _Resume | None,
+        resume: StreamResume | None,
         worker: int,
         num_workers: int,
         passes: int,
@@ -443,74 +280,15 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         skip = 0
         logical = worker
         if resume is not None and resume.epoch == epoch:
-            if max(resume.num_workers, 1) != max(num_workers, 1):
-                raise ValueError(
-                    f"cannot resume: the state was saved for num_workers={resume.num_workers}, "
-                    f"but this pass runs with num_workers={num_workers}; each worker's order "
-                    "depends on the number of workers, so resume with the saved num_workers "
-                    "and batch_size"
-                )
-            logical = (worker + resume.rotation) % max(num_workers, 1)
-            skip = resume.skip[logical]
+            logical, skip = resume.worker(worker, num_workers)
         ids, order = self._worker_plan(epoch, logical, num_workers)
-        yield from self._serve(ids, order, skip)
-
-    def _serve(self, ids: IntArray, order: IntArray, skip: int) -> Iterator[Any]:
-        """Read ``ids`` in order, emit them in ``order`` from ``skip`` on, holding at most
-        ``shuffle_buffer`` records (the bound ``order[o] < o + buffer`` of buffer_order)."""
-        m = ids.size
-        k = self._buffer
-        prefetch = getattr(self.dataset, "prefetch", None)
-        if callable(prefetch):
-            lo, _ = chunk_ranges(self._bounds, chunk_size=self._chunk_size)
-            run, run_last = _runs(ids, lo)
-        hinted = -1
-        held: dict[int, Any] = {}
-
-        def read(p: int) -> None:
-            nonlocal hinted
-            if callable(prefetch) and run[p] != hinted:
-                hinted = int(run[p])
-                prefetch(int(ids[p]), int(ids[run_last[hinted]]) + 1)
-            held[p] = self.dataset[int(ids[p])]
-
-        nxt = 0
-        if skip:
-            # Replay the buffer on positions: what it holds after `skip` outputs is every
-            # input read by then that was not emitted yet.
-            nxt = min(skip + k, m)
-            pending = np.ones(nxt, dtype=np.bool_)
-            pending[order[:skip]] = False
-            for p in np.flatnonzero(pending).tolist():
-                read(p)
-        for o in range(skip, m):
-            stop = min(o + k, m)
-            while nxt < stop:
-                read(nxt)
-                nxt += 1
-            p = int(order[o])
-            yield self._finish(int(ids[p]), held.pop(p))
-
-    def _finish(self, i: int, item: Any) -> Any:
-        if not self._packed:
-            return item
-        image, label = item
-        if self.decode != "bytes":
-            try:
-                image = decode_image(image, str(self.decode))
-            except ValueError as exc:
-                raise RecordError(
-                    f"{getattr(self.dataset, 'root', type(self.dataset).__name__)} sample {i}: "
-                    f"cannot decode ({exc})"
-                ) from exc
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, label
+        lo, _ = chunk_ranges(self._bounds, chunk_size=self._chunk_size)
+        yield from self._source.serve(ids, order, skip, buffer=self._buffer, chunk_lo=lo)
 
     # ------------------------------------------------------------------ resume
     def _params(self) -> dict[str, Any]:
         if self._fingerprint is None:
-            self._fingerprint = zlib.crc32(self._bounds.astype("<i8").tobytes())
+            self._fingerprint = fingerprint(self._bounds)
         return {
             "seed": self._seed,
             "chunk_size": self._chunk_size,
@@ -543,57 +321,14 @@ class ShardStream(paddle.io.IterableDataset[Any]):
             ValueError: no progress, both, more than the epoch holds, or ``consumed_samples``
                 that falls inside a batch.
         """
-        if (consumed_samples is None) == (consumed_batches is None):
-            raise ValueError("give consumed_samples or consumed_batches (exactly one)")
-        if loader is None:
-            if consumed_batches is not None:
-                raise ValueError(
-                    "consumed_batches needs loader= (its batch_size, num_workers, drop_last)"
-                )
-            batch_size, num_workers, drop = 1, 0, False
-        else:
-            batch_size, num_workers, drop = _loader_shape(loader)
-        counts = worker_counts(len(self), num_workers)
-        _, _, size = loader_batches(counts, batch_size=batch_size, drop_last=drop)
-        ends = np.cumsum(size)
-        if consumed_batches is not None:
-            _check_nonneg("consumed_batches", consumed_batches)
-            if consumed_batches > size.size:
-                raise ValueError(
-                    f"consumed_batches={consumed_batches} exceeds the {size.size} batches this "
-                    f"loader yields per epoch on a rank"
-                )
-            k = int(consumed_batches)
-        else:
-            assert consumed_samples is not None
-            _check_nonneg("consumed_samples", consumed_samples)
-            k = int(np.searchsorted(ends, consumed_samples, side="left")) + 1
-            if consumed_samples == 0:
-                k = 0
-            elif k > size.size or ends[k - 1] != consumed_samples:
-                total = int(ends[-1]) if ends.size else 0
-                if consumed_samples > total:
-                    raise ValueError(
-                        f"consumed_samples={consumed_samples} exceeds the {total} samples this "
-                        "loader yields per epoch on a rank"
-                    )
-                before = int(ends[k - 2]) if k >= 2 else 0
-                raise ValueError(
-                    f"consumed_samples={consumed_samples} falls inside batch {k - 1} (samples "
-                    f"{before}..{int(ends[k - 1])}); with {num_workers} workers batches are "
-                    "formed per worker, so give a batch boundary or consumed_batches"
-                )
-        state = {
-            "version": STATE_VERSION,
-            "kind": "ShardStream",
-            "epoch": self._epoch,
-            "consumed_batches": k,
-            "consumed_samples": int(ends[k - 1]) if k else 0,
-            "batch_size": batch_size,
-            "num_workers": num_workers,
-            "drop_last_batch": drop,
-        }
-        return state | self._params()
+        return stream_state(
+            length=len(self),
+            epoch=self._epoch,
+            params=self._params(),
+            consumed_samples=consumed_samples,
+            consumed_batches=consumed_batches,
+            loader=loader,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: passes over the saved epoch continue where the saved run stopped.
@@ -607,58 +342,5 @@ class ShardStream(paddle.io.IterableDataset[Any]):
                 another dataset layout (the order would differ, so resuming would repeat some
                 samples and skip others).
         """
-        params = self._params()
-        keys = ("epoch", "consumed_batches", "batch_size", "num_workers", "drop_last_batch")
-        required = {"version", "kind", *keys, *params}
-        missing = sorted(required - state.keys())
-        if missing:
-            raise ValueError(f"stream state is missing {missing}; was it saved by state_dict()?")
-        if state["kind"] != "ShardStream" or state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"stream state kind {state['kind']!r} version {state['version']} is not "
-                f"supported (this reads ShardStream version {STATE_VERSION})"
-            )
-        check_saved_params(
-            state,
-            params,
-            what="stream",
-            advice="build the stream with the saved parameters over the same dataset",
-        )
-        epoch, k = state["epoch"], state["consumed_batches"]
-        batch_size, num_workers = state["batch_size"], state["num_workers"]
-        for name, value, minimum in (
-            ("epoch", epoch, 0),
-            ("consumed_batches", k, 0),
-            ("batch_size", batch_size, 1),
-            ("num_workers", num_workers, 0),
-        ):
-            _check_nonneg(name, value, minimum)
-        counts = worker_counts(len(self), num_workers)
-        worker, _, size = loader_batches(
-            counts, batch_size=batch_size, drop_last=bool(state["drop_last_batch"])
-        )
-        if k > size.size:
-            raise ValueError(f"saved consumed_batches={k} exceeds the {size.size} batches")
-        skip = np.bincount(worker[:k], weights=size[:k], minlength=counts.size)
-        self._epoch = int(epoch)
-        self._resume = _Resume(
-            epoch=int(epoch),
-            num_workers=int(num_workers),
-            skip=tuple(int(s) for s in skip),
-            rotation=int(worker[k]) if k < worker.size else 0,
-        )
-
-
-def _loader_shape(loader: Any) -> tuple[int, int, bool]:
-    """(batch_size, num_workers, drop_last) of a DataLoader; no batching counts as 1."""
-    try:
-        batch_size, num_workers, drop = loader.batch_size, loader.num_workers, loader.drop_last
-    except AttributeError as exc:
-        raise ValueError(
-            f"loader must have batch_size, num_workers and drop_last, like "
-            f"paddle.io.DataLoader; got {type(loader).__name__} ({exc})"
-        ) from exc
-    batch_size = 1 if batch_size is None else int(batch_size)
-    _check_nonneg("batch_size", batch_size, 1)
-    _check_nonneg("num_workers", int(num_workers))
-    return batch_size, int(num_workers), bool(drop) and batch_size > 1
+        self._resume = read_stream_state(state, self._params(), length=len(self))
+        self._epoch = self._resume.epoch

@@ -1,30 +1,23 @@
-"""Chunked samplers: invariants of the pure order functions, resume, subsets, prefetch hints."""
+"""Chunked samplers: rank shares, resume, subsets, prefetch hints (orders: test_order.py)."""
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
+from readers.order import chunk_order, split_for_rank
 from readers.samplers import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_WINDOW,
     ChunkShuffleBatchSampler,
     ChunkShuffleSampler,
-    chunk_order,
-    chunk_ranges,
-    split_for_rank,
 )
 
-SEEDS = (0, 1, 12345)
 EPOCHS = (0, 1, 7)
-WORLD_SIZES = (1, 2, 3, 8)
 LAYOUTS = {
     "one-shard": [0, 1000],
     "uneven-shards": [0, 5, 5, 300, 301, 777, 1000],  # with an empty and a 1-sample shard
@@ -69,169 +62,6 @@ class PlainDataset:
 
     def __len__(self) -> int:
         return self.n
-
-
-# ------------------------------------------------------------------ pure order functions
-
-
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("world", WORLD_SIZES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_split_invariants(layout: str, world: int, drop_last: bool) -> None:
-    bounds = LAYOUTS[layout]
-    n = bounds[-1]
-    for seed, epoch in itertools.product(SEEDS, EPOCHS):
-        order = chunk_order(bounds, chunk_size=16, window=4, seed=seed, epoch=epoch)
-        assert sorted(order.tolist()) == list(range(n))
-        again = chunk_order(bounds, chunk_size=16, window=4, seed=seed, epoch=epoch)
-        np.testing.assert_array_equal(order, again)
-
-        shares = [
-            split_for_rank(order, rank=r, world_size=world, drop_last=drop_last)
-            for r in range(world)
-        ]
-        assert len({s.size for s in shares}) == 1, "every rank gets the same count"
-        union = np.concatenate(shares).tolist()
-        if drop_last:
-            assert len(union) == n // world * world
-            assert len(set(union)) == len(union)
-            assert set(union) <= set(range(n))
-        else:
-            padded = -(-n // world) * world
-            assert len(union) == padded
-            assert set(union) == set(range(n))
-            extra = sum(c - 1 for c in Counter(union).values())
-            assert extra == padded - n
-        # contiguous slices of the global order (padding cycles from its start)
-        if n:
-            np.testing.assert_array_equal(np.concatenate(shares), np.resize(order, len(union)))
-
-
-@pytest.mark.parametrize("layout", ["one-shard", "uneven-shards"])
-def test_orders_differ_across_epochs_and_seeds(layout: str) -> None:
-    bounds = LAYOUTS[layout]
-    orders = {
-        (seed, epoch): chunk_order(bounds, chunk_size=16, window=4, seed=seed, epoch=epoch)
-        for seed, epoch in itertools.product(SEEDS, EPOCHS)
-    }
-    as_tuples = {tuple(o.tolist()) for o in orders.values()}
-    assert len(as_tuples) == len(orders)
-
-
-def assert_concatenated_chunks(order: np.ndarray, chunks: list[list[int]]) -> None:
-    """`order` is the chunks, each kept whole and ascending, in some order."""
-    by_first = {c[0]: c for c in chunks}
-    pos, seen = 0, []
-    values = order.tolist()
-    while pos < len(values):
-        chunk = by_first.get(values[pos])
-        assert chunk is not None, f"position {pos}: id {values[pos]} does not start a chunk"
-        assert values[pos : pos + len(chunk)] == chunk
-        seen.append(chunk[0])
-        pos += len(chunk)
-    assert sorted(seen) == sorted(by_first)
-
-
-@pytest.mark.parametrize("layout", ["one-shard", "uneven-shards", "n-below-world", "empty"])
-@pytest.mark.parametrize("chunk", [1, 7, 64])
-def test_window_zero_keeps_chunks_whole_and_inside_shards(layout: str, chunk: int) -> None:
-    bounds = LAYOUTS[layout]
-    for seed, epoch in itertools.product(SEEDS, EPOCHS):
-        order = chunk_order(bounds, chunk_size=chunk, window=0, seed=seed, epoch=epoch)
-        assert_concatenated_chunks(order, ref_chunks(bounds, chunk))
-
-
-def test_chunks_over_a_subset_stay_inside_shards() -> None:
-    bounds = LAYOUTS["uneven-shards"]
-    ids = sorted(np.random.default_rng(3).choice(1000, size=400, replace=False).tolist())
-    for seed in SEEDS:
-        order = chunk_order(bounds, chunk_size=9, window=0, seed=seed, epoch=2, ids=ids)
-        assert_concatenated_chunks(order, ref_chunks(bounds, 9, ids))
-        lo, hi = chunk_ranges(bounds, chunk_size=9, ids=ids)
-        expected = [(c[0], c[-1] + 1) for c in ref_chunks(bounds, 9, ids)]
-        assert list(zip(lo.tolist(), hi.tolist(), strict=True)) == expected
-
-
-@pytest.mark.parametrize("window", [1, 3, 8])
-@pytest.mark.parametrize("layout", ["one-shard", "uneven-shards"])
-def test_window_bounds_distance_from_chunk_order(layout: str, window: int) -> None:
-    bounds, chunk = LAYOUTS[layout], 10
-    for seed, epoch in itertools.product(SEEDS, EPOCHS):
-        before = chunk_order(bounds, chunk_size=chunk, window=0, seed=seed, epoch=epoch)
-        after = chunk_order(bounds, chunk_size=chunk, window=window, seed=seed, epoch=epoch)
-        assert not np.array_equal(before, after), "the window shuffle moved nothing"
-        pos_before = np.empty_like(before)
-        pos_before[before] = np.arange(before.size)
-        pos_after = np.empty_like(after)
-        pos_after[after] = np.arange(after.size)
-        assert int(np.abs(pos_after - pos_before).max()) < window * chunk
-
-
-def test_window_mixes_exactly_blocks_of_chunks() -> None:
-    # One shard of full chunks: block k is exactly positions [k*w*c, (k+1)*w*c).
-    chunk, window, n = 8, 4, 8 * 4 * 10
-    for seed, epoch in itertools.product(SEEDS, EPOCHS):
-        before = chunk_order(n, chunk_size=chunk, window=0, seed=seed, epoch=epoch)
-        after = chunk_order(n, chunk_size=chunk, window=window, seed=seed, epoch=epoch)
-        width = chunk * window
-        for k in range(0, n, width):
-            assert set(after[k : k + width].tolist()) == set(before[k : k + width].tolist())
-            # mixed across chunks: the first `chunk` samples of a block are not one chunk
-            assert len({i // chunk for i in after[k : k + chunk].tolist()}) > 1
-
-
-def test_no_shuffle_is_ascending() -> None:
-    bounds = LAYOUTS["uneven-shards"]
-    order = chunk_order(bounds, chunk_size=16, window=4, seed=3, epoch=3, shuffle=False)
-    assert order.tolist() == list(range(1000))
-    ids = [3, 5, 400, 999]
-    order = chunk_order(bounds, chunk_size=2, window=1, seed=0, epoch=0, shuffle=False, ids=ids)
-    assert order.tolist() == ids
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
-    chunk=st.integers(1, 12),
-    window=st.integers(0, 5),
-    seed=st.integers(0, 2**32),
-    epoch=st.integers(0, 100),
-    keep=st.floats(0.0, 1.0),
-)
-def test_order_properties_random_layouts(
-    sizes: list[int], chunk: int, window: int, seed: int, epoch: int, keep: float
-) -> None:
-    bounds = [0, *itertools.accumulate(sizes)]
-    n = bounds[-1]
-    rng = np.random.default_rng(seed)
-    ids = np.flatnonzero(rng.random(n) < keep)
-    order = chunk_order(bounds, chunk_size=chunk, window=window, seed=seed, epoch=epoch, ids=ids)
-    assert sorted(order.tolist()) == ids.tolist()
-    before = chunk_order(bounds, chunk_size=chunk, window=0, seed=seed, epoch=epoch, ids=ids)
-    assert_concatenated_chunks(before, ref_chunks(bounds, chunk, ids.tolist()))
-    where = {v: p for p, v in enumerate(before.tolist())}
-    for p, v in enumerate(order.tolist()):
-        assert abs(p - where[v]) < max(window, 1) * chunk
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"chunk_size": 0}, "chunk_size must be an integer >= 1"),
-        ({"window": -1}, "window must be an integer >= 0"),
-        ({"seed": -5}, "seed must be an integer >= 0"),
-        ({"epoch": -1}, "epoch must be an integer >= 0"),
-        ({"bounds": [0, 5, 3]}, "never decrease"),
-        ({"bounds": [1, 5]}, "start at 0"),
-        ({"ids": [3, 2]}, "strictly increasing"),
-        ({"ids": [3, 10]}, r"ids must lie in \[0, 10\)"),
-    ],
-)
-def test_chunk_order_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
-    args: dict[str, Any] = {"bounds": [0, 10], "chunk_size": 4, "window": 2, "seed": 0, "epoch": 0}
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        chunk_order(args.pop("bounds"), **args)
 
 
 # ------------------------------------------------------------------ samplers

@@ -14,15 +14,13 @@ import cv2
 import numpy as np
 import paddle
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import readers.stream as stream_mod
 from packer.build import build
 from packer.config import BuildConfig
 from readers import LmdbDataset, ShardStream
 from readers.samplers import chunk_ranges
-from readers.stream import buffer_order, loader_batches, worker_counts
+from readers.stream import worker_counts
 
 N = 151  # odd, so ranks and workers get uneven shares and batches run short mid-epoch
 SHAPE = (10, 12, 3)
@@ -105,54 +103,6 @@ def round_robin(per_worker: list[list[Any]], batch_size: int, drop_last: bool) -
 
 def as_ids(items: list[Any], truth: dict[str, Any]) -> list[int]:
     return [truth["bytes"][image] for image, _ in items]
-
-
-# ------------------------------------------------------------------ pure functions
-
-
-def reference_buffer(m: int, buffer: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, buffer, size=m - buffer) if m > buffer else np.zeros(0, np.int64)
-    slots: list[int] = []
-    out = []
-    for t in range(m):
-        if t < buffer:
-            slots.append(t)
-        else:
-            j = int(draws[t - buffer])
-            out.append(slots[j])
-            slots[j] = t
-    return out + [slots[j] for j in rng.permutation(len(slots))]
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 200), st.integers(1, 40), st.integers(0, 2**32 - 1))
-def test_buffer_order_is_the_plain_shuffle_buffer(m: int, buffer: int, seed: int) -> None:
-    order = buffer_order(m, buffer=buffer, rng=np.random.default_rng(seed))
-    assert order.tolist() == reference_buffer(m, buffer, seed)
-    assert np.all(order < np.arange(m) + buffer)  # emitted only once read: bounded memory
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.integers(0, 40), min_size=1, max_size=5),
-    st.integers(1, 9),
-    st.booleans(),
-)
-def test_loader_batches_is_paddles_round_robin(
-    counts: list[int], batch_size: int, drop_last: bool
-) -> None:
-    worker, _, size = loader_batches(counts, batch_size=batch_size, drop_last=drop_last)
-    items = [[(w, i) for i in range(c)] for w, c in enumerate(counts)]
-    expected = round_robin(items, batch_size, drop_last)
-    assert worker.tolist() == [b[0][0] for b in expected]
-    assert size.tolist() == [len(b) for b in expected]
-
-
-def test_worker_counts_split_evenly() -> None:
-    assert worker_counts(10, 0).tolist() == [10]
-    assert worker_counts(10, 3).tolist() == [4, 3, 3]
-    assert worker_counts(2, 4).tolist() == [1, 1, 0, 0]
 
 
 # ------------------------------------------------------------------ order invariants

@@ -1,0 +1,82 @@
+"""Read-ahead hints of the samplers: each chunk is hinted to ``dataset.prefetch`` a bounded
+distance before its first sample is read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from readers.order import IntArray, chunk_ranges
+
+__all__ = ["PREFETCH_BYTES", "ChunkHints", "lookahead_samples"]
+
+PREFETCH_BYTES = 32 << 20
+"""At most this many bytes of upcoming chunks are hinted to the OS ahead of the reads."""
+
+Prefetch = Callable[[int, int], Any]
+
+
+def lookahead_samples(dataset: Any, *, chunk_size: int, window: int) -> int:
+    """How many samples ahead of the reads the hints run.
+
+    One shuffle block ahead, so the next block's chunks are on their way from disk while this
+    block's samples are decoded; but never more than ``PREFETCH_BYTES`` ahead (by the mean
+    stored size in ``dataset.index.nbytes``): hinting 200 MB at once on a 100 MB/s disk
+    stalled the reads for seconds (bench_orders.py --sweep: 1,000/s -> 15/s).
+    """
+    ahead = chunk_size * max(1, window)
+    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
+    if nbytes is not None and len(nbytes):
+        per_sample = max(1.0, float(np.mean(nbytes)))
+        ahead = min(ahead, max(chunk_size, int(PREFETCH_BYTES / per_sample)))
+    return ahead
+
+
+class ChunkHints:
+    """The chunks a pass over ``ids`` enters, in order, and a cursor over the ones hinted.
+
+    Args:
+        prefetch: ``dataset.prefetch(start, stop)``: hint the ids ``[start, stop)``.
+        ids: The ids the pass yields, in order.
+        bounds: The dataset's shard bounds.
+        chunk_size: Selected samples per chunk.
+        selected: The sorted selected ids the chunks are made of (None: all).
+    """
+
+    def __init__(
+        self,
+        prefetch: Prefetch,
+        ids: IntArray,
+        *,
+        bounds: IntArray,
+        chunk_size: int,
+        selected: IntArray | None,
+    ) -> None:
+        self._prefetch = prefetch
+        entries = np.zeros(0, dtype=np.int64)
+        lo = hi = entries
+        if ids.size:
+            lo_all, hi_all = chunk_ranges(bounds, chunk_size=chunk_size, ids=selected)
+            chunk = np.searchsorted(lo_all, ids, side="right") - 1
+            _, first = np.unique(chunk, return_index=True)
+            entries = np.sort(first).astype(np.int64)
+            lo, hi = lo_all[chunk[entries]], hi_all[chunk[entries]]
+        self.entries = entries  # positions in ``ids`` where a chunk is entered, ascending
+        self._lo = lo  # that chunk's id range
+        self._hi = hi
+        self._next = 0  # the first entry not hinted yet
+
+    def until(self, stop: int) -> None:
+        """Hint every chunk entered before position ``stop`` that is not hinted yet."""
+        e = self._next
+        while e < self.entries.size and self.entries[e] < stop:
+            self._prefetch(int(self._lo[e]), int(self._hi[e]))
+            e += 1
+        self._next = e
+
+    def due(self, ahead: int) -> int:
+        """The position at which the next hint, ``ahead`` samples early, is due; -1: none."""
+        e = self._next
+        return int(self.entries[e]) - ahead if e < self.entries.size else -1
