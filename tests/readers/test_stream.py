@@ -18,9 +18,10 @@ import pytest
 import readers.stream as stream_mod
 from packer.build import build
 from packer.config import BuildConfig
+from packer.transform import Transform
 from readers import LmdbDataset, ShardStream
-from readers.samplers import chunk_ranges
-from readers.stream import worker_counts
+from readers.formats import FORMATS
+from readers.order import chunk_ranges, worker_counts
 
 N = 151  # odd, so ranks and workers get uneven shares and batches run short mid-epoch
 SHAPE = (10, 12, 3)
@@ -405,3 +406,69 @@ def test_dataloader_order_and_resume(packed: Path, truth: dict[str, Any], worker
         resumed = stream()
         resumed.load_state_dict(s.state_dict(consumed_samples=samples, loader=make_loader(s, 2)))
         assert loader_ids(make_loader(resumed, workers), truth) == predicted[0][k:]
+
+
+# ------------------------------------------------------------------ --encode raw, every format
+
+RAW_N = 26  # 13 per worker with 2 workers: batches of 4 run short at each worker's end
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def raw_packed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[bytes, int]]:
+    """A ``--encode raw`` build of PNGs (colour and gray, one size) in the given format, and
+    the originals' RGB pixels (as OpenCV reads the PNG files) -> label."""
+    root = tmp_path_factory.mktemp(f"raw-{request.param}")
+    rng = np.random.default_rng(11)
+    originals: dict[bytes, int] = {}
+    for i in range(RAW_N):
+        label = i % 2
+        shape = SHAPE[:2] if i % 3 == 0 else SHAPE  # every third image is gray
+        path = root / "src" / f"c{label}" / f"{i:03d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(path), rng.integers(0, 256, shape, dtype=np.uint8))
+        pixels = cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        originals[pixels.tobytes()] = label
+    assert len(originals) == RAW_N
+    out = root / "out"
+    config = BuildConfig(
+        src=root / "src",
+        out=out,
+        format=request.param,
+        shard_size=2_000,  # a few hundred bytes per sample: several shards
+        transform=Transform(encode="raw"),
+    )
+    build(config)
+    return out, originals
+
+
+@pytest.mark.parametrize("decode", ["rgb", "gray"])
+def test_raw_datasets_through_a_dataloader_with_workers(
+    raw_packed: tuple[Path, dict[bytes, int]], decode: str
+) -> None:
+    out, originals = raw_packed
+    stream = ShardStream(out, decode=decode, chunk_size=4, shuffle_buffer=6, seed=1)
+    assert len(stream.dataset.shard_bounds) > 3
+    loader = paddle.io.DataLoader(stream, batch_size=4, num_workers=2, use_shared_memory=True)
+    got: Counter[bytes] = Counter()
+    for images, labels in loader:
+        for image, label in zip(images.numpy(), labels.numpy().ravel().tolist(), strict=True):
+            if decode == "gray":
+                assert image.shape == (*SHAPE[:2], 1)
+                rgb = np.repeat(image, 3, axis=2)  # compared below through the gray originals
+            else:
+                assert image.shape == SHAPE
+                rgb = image
+            got[rgb.tobytes()] += 1
+            if decode == "rgb":
+                assert originals.get(rgb.tobytes()) == label
+    if decode == "rgb":
+        assert got == Counter(dict.fromkeys(originals, 1))
+    else:
+        gray = [
+            cv2.cvtColor(np.frombuffer(p, np.uint8).reshape(SHAPE), cv2.COLOR_RGB2GRAY)
+            for p in originals
+        ]
+        want = Counter(np.repeat(g[:, :, None], 3, axis=2).tobytes() for g in gray)
+        assert got == want
