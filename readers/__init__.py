@@ -17,9 +17,9 @@ from readers import _paddle
 warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
 
 _EXPORTS = {
-    "LmdbDataset": "readers.datasets",
+    "LmdbDataset": "readers.datasets.lmdb",
     "open_dataset": "readers.datasets",
-    "RecordIODataset": "readers.datasets",
+    "RecordIODataset": "readers.datasets.recordio",
     "ChunkShuffleSampler": "readers.samplers",
     "ChunkShuffleBatchSampler": "readers.samplers",
     "ShardStream": "readers.stream",

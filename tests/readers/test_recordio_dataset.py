@@ -17,7 +17,7 @@ import pytest
 from packer.build import build
 from packer.config import BuildConfig
 from readers import LmdbDataset, RecordIODataset, handles, open_dataset
-from readers.datasets import find_recordio_pair
+from readers.formats.recordio import find_recordio_pair
 from readers.errors import DatasetFormatError, RecordError
 from tests.conftest import encode
 

@@ -1,0 +1,305 @@
+"""What every packed-format Dataset shares: options, the index, lazy per-process shard
+handles, bounds checks, pickling without handles, decoding, ``on_error`` and page-cache hints.
+
+A format's Dataset (``readers/datasets/<fmt>.py``) subclasses `ShardedDataset`, names its
+`ShardFormat`, and implements opening a bare copy, reading one sample and the byte range of a
+run of samples.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import cv2
+import numpy as np
+import paddle
+
+from readers import handles
+from readers.decode import check_mode, decode_sample
+from readers.errors import DatasetFormatError, RecordError
+from readers.formats import REGISTRY
+from readers.formats.base import ShardFormat
+from readers.formats.layout import META_NAME
+from readers.index import DatasetIndex, load_index, load_meta
+
+ON_ERROR = ("raise", "skip")
+
+
+def stores_raw(root: Path) -> bool:
+    """Whether the packed dataset at `root` holds decoded pixels (``--encode raw``)."""
+    try:
+        options = load_meta(root).get("options")
+    except DatasetFormatError:
+        return False
+    return isinstance(options, dict) and options.get("encode") == "raw"
+
+
+def advise_willneed(
+    bounds: np.ndarray,
+    start: int,
+    stop: int,
+    byte_range: Callable[[int, int, int], tuple[str, int, int] | None],
+) -> None:
+    """``POSIX_FADV_WILLNEED`` the bytes of samples ``start..stop-1``, shard by shard, where
+    ``byte_range(shard, lo, hi)`` says which file range holds them. Errors are ignored."""
+    start, stop = max(0, int(start)), min(int(bounds[-1]), int(stop))
+    if start >= stop or not hasattr(os, "posix_fadvise"):
+        return
+    first = int(np.searchsorted(bounds, start, side="right")) - 1
+    last = int(np.searchsorted(bounds, stop - 1, side="right")) - 1
+    for shard in range(first, last + 1):
+        lo = max(start, int(bounds[shard]))
+        hi = min(stop, int(bounds[shard + 1]))
+        try:
+            found = byte_range(shard, lo, hi)
+            if found is not None:
+                path, begin, end = found
+                fd = handles.shared_fd(path)
+                os.posix_fadvise(fd, begin, end - begin, os.POSIX_FADV_WILLNEED)
+        except Exception:  # a hint must never fail a read
+            continue
+
+
+class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
+    """A map-style Dataset over the shards of one format: ``ds[i] -> (image, label)``.
+
+    The constructor checks the options, then opens a packed dataset (``meta.json``) through
+    its index, or else a bare copy of the format (``_open_bare``). Subclasses implement
+    ``_open_bare()``, ``_read(i, shard, as_bytes=...)`` and ``_byte_range(shard, lo, hi)``,
+    and may extend ``_open_packed(index)``.
+
+    Args:
+        path: the dataset directory written by ``packer build``, or a bare copy of the format.
+        transform: applied to the decoded image.
+        decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
+            bytes untouched).
+        verify_crc: check each record's CRC-32 against the index on read.
+        on_error: ``raise`` (default): a sample that cannot be read, decoded or checked
+            raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
+            order (wrapping), counted in ``skipped``, with one warning per process. Damage to
+            the dataset's structure (a missing or cut shard) always raises.
+
+    Raises:
+        DatasetFormatError: the path is not a dataset of this format, or its files disagree.
+    """
+
+    shard_format: ClassVar[ShardFormat]
+    format: ClassVar[str]
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        decode: str = "rgb",
+        *,
+        verify_crc: bool = False,
+        on_error: str = "raise",
+    ) -> None:
+        check_mode(decode)
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+        self.root = Path(path)
+        self.transform = transform
+        self.decode = decode
+        self.verify_crc = verify_crc
+        self.on_error = on_error
+        self.skipped = 0
+        """Samples this process replaced by another (``on_error="skip"``); a DataLoader
+        worker's count stays in that worker."""
+        self._bad: set[int] = set()
+        self._warned = False
+        self.index: DatasetIndex | None = None
+        self.shard_bounds: np.ndarray = np.zeros(1, dtype=np.int64)
+        self._shard_paths: list[str] = []
+        self._raw_dims: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._handles: list[Any] = []
+        self._generation = -1
+        if (self.root / META_NAME).exists():
+            self._open_packed(self._load_packed())
+        else:
+            self._open_bare()
+
+    # --- opening ---------------------------------------------------------------------------
+
+    def _load_packed(self) -> DatasetIndex:
+        raw = stores_raw(self.root)
+        index = load_index(self.root, extra=("width", "height", "channels") if raw else ())
+        self._raw_dims = (
+            (index.extra["height"], index.extra["width"], index.extra["channels"]) if raw else None
+        )
+        if index.format != self.format:
+            other = REGISTRY.get(index.format)
+            use = other.dataset_name if other is not None else "the matching dataset class"
+            raise DatasetFormatError(
+                f"{self.root}: a {index.format} dataset, not {self.format_title}; use "
+                f"{use} or open_dataset()"
+            )
+        self.index = index
+        self.shard_bounds = index.shard_bounds
+        return index
+
+    def _open_packed(self, index: DatasetIndex) -> None:
+        """Find the shards of a packed dataset; every listed shard's data file must exist."""
+        fmt = self.shard_format
+        self._shard_paths = [fmt.shard_path(self.root, name) for name in index.shard_names]
+        for number, shard_path in enumerate(self._shard_paths):
+            data = fmt.data_file(shard_path)
+            if not os.path.isfile(data):
+                raise DatasetFormatError(
+                    f"{data}: missing ({META_NAME} lists {len(self._shard_paths)} shards; "
+                    f"this is shard {number})"
+                )
+
+    def _open_bare(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def format_title(self) -> str:
+        return self.shard_format.title
+
+    # --- decoding --------------------------------------------------------------------------
+
+    def decode_stored(self, data: Any, i: int, mode: str | None = None) -> Any:
+        """Decode the stored bytes `data` of sample `i` as `mode` (default: ``self.decode``),
+        raw pixels (``--encode raw``) included.
+
+        Raises:
+            ValueError: the bytes do not decode.
+        """
+        mode = self.decode if mode is None else mode
+        try:
+            if self._raw_dims is None:
+                return decode_sample(data, mode)
+            h, w, c = self._raw_dims
+            return decode_sample(
+                data, mode, stored="raw", height=int(h[i]), width=int(w[i]), channels=int(c[i])
+            )
+        except cv2.error as exc:  # some corrupt headers make OpenCV raise instead of fail
+            raise ValueError(f"OpenCV: {exc}") from exc
+
+    def _check_crc(self, i: int, data: Any, where: str) -> None:
+        """With ``verify_crc``, raise `RecordError` unless `data` has sample `i`'s CRC-32."""
+        if self.verify_crc and self.index is not None:
+            crc = zlib.crc32(data)
+            if crc != int(self.index.crc32[i]):
+                raise RecordError(
+                    f"{where}: CRC-32 {crc:08x} does not match the index "
+                    f"({int(self.index.crc32[i]):08x})"
+                )
+
+    # --- handles and bounds ----------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = []
+        state["_generation"] = -1
+        state["skipped"] = 0  # counts are per process
+        state["_bad"] = set()
+        state["_warned"] = False
+        return state
+
+    def __len__(self) -> int:
+        return int(self.shard_bounds[-1])
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Every sample's int label (when labels are class ids), for samplers and filters."""
+        return self.index.labels.as_ints() if self.index is not None else None
+
+    def _open(self, path: str) -> Any:
+        return self.shard_format.open_shard(path)
+
+    def _handle(self, shard: int) -> Any:
+        if self._generation != handles.generation:
+            self._handles = [None] * len(self._shard_paths)
+            self._generation = handles.generation
+        handle = self._handles[shard]
+        if handle is None:
+            handle = self._open(self._shard_paths[shard])
+            self._handles[shard] = handle
+        return handle
+
+    def _source(self, i: int) -> str:
+        path = self.index.path_of(i) if self.index is not None else None
+        return f" (source {path})" if path else ""
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        """``(i, shard)`` for a possibly negative sample number; IndexError when out of range."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for a dataset of {n}")
+        return i, int(np.searchsorted(self.shard_bounds, i, side="right")) - 1
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def _byte_range(self, shard: int, lo: int, hi: int) -> tuple[str, int, int] | None:
+        """The file and byte range ``[start, stop)`` holding samples ``lo..hi-1`` of `shard`."""
+        raise NotImplementedError
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Ask the OS to read the bytes of samples ``start..stop-1`` into the page cache now.
+
+        Samplers call this when they enter a chunk, so that the chunk arrives in one large
+        sequential read instead of one small read per record (``POSIX_FADV_WILLNEED``; the
+        hint is for the whole machine, so calling it from the main process serves every
+        DataLoader worker). A hint only: errors are ignored, and single random reads work
+        without it.
+        """
+        advise_willneed(self.shard_bounds, start, stop, self._byte_range)
+
+    def read_bytes(self, i: int) -> bytes:
+        """The stored bytes of sample `i`."""
+        i, shard = self._locate(i)
+        return self._read(i, shard, as_bytes=True)[0]  # type: ignore[no-any-return]
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        n, shard = self._locate(int(i))
+        try:
+            image, label = self._read(n, shard, as_bytes=False)
+        except RecordError as exc:
+            if self.on_error != "skip":
+                raise
+            image, label = self._substitute(n, exc)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+    def _substitute(self, i: int, error: RecordError) -> tuple[Any, Any]:
+        """The next readable sample after `i` in id order (wrapping), for ``on_error="skip"``.
+
+        Deterministic: the same bad sample is always replaced by the same good one, in every
+        process and epoch, whatever was read before; samples found bad are remembered (per
+        process) so that a run of them is not re-read at every call.
+        """
+        self._bad.add(i)
+        self.skipped += 1
+        n = len(self)
+        for step in range(1, n):
+            j = (i + step) % n
+            if j in self._bad:
+                continue
+            try:
+                found = self._read(j, self._locate(j)[1], as_bytes=False)
+            except RecordError:
+                self._bad.add(j)
+                continue
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"{error}; returning sample {j} in its place (on_error='skip'). Further "
+                    "bad samples are replaced without a warning and counted in .skipped",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return found
+        raise RecordError(f"{self.root}: no sample of {n} could be read (the first: {error})")

@@ -1,0 +1,99 @@
+"""`LmdbDataset`: a packed LMDB dataset, or a bare LMDB in the PaddleOCR layout."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from readers.datasets.base import ShardedDataset
+from readers.errors import DatasetFormatError, RecordError
+from readers.formats.layout import META_NAME
+from readers.formats.lmdb import DATA_FILE, FORMAT, NUM_SAMPLES_KEY, image_key, label_key
+
+
+class LmdbDataset(ShardedDataset):
+    """A packed LMDB dataset, or a bare LMDB in the PaddleOCR layout, as a map-style Dataset.
+
+    Shards are opened lazily in the process that reads them, read-only and without locks, and
+    shared with every other dataset object of that process; the object pickles without them.
+
+    Args:
+        path: the dataset directory written by ``packer build`` (or a bare LMDB directory
+            holding ``data.mdb`` with ``num-samples``/``image-%09d``/``label-%09d`` keys).
+        transform: applied to the decoded image.
+        decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
+            bytes untouched). ``rgb``/``bgr``/``gray`` apply an image's EXIF orientation as
+            ``cv2.imread`` does; ``unchanged`` gives the stored pixel grid.
+        verify_crc: check each record's CRC-32 against the index on read.
+        on_error: ``raise`` (default) or ``skip``, as for `ShardedDataset`.
+
+    Raises:
+        DatasetFormatError: the path is not a dataset, its files disagree, or a shard listed
+            in meta.json is missing (a shard cut short is found when it is first opened).
+    """
+
+    shard_format = FORMAT
+    format = FORMAT.name
+
+    def _open_bare(self) -> None:
+        if FORMAT.find_bare(self.root) is None:
+            raise DatasetFormatError(
+                f"{self.root}: neither a packed dataset ({META_NAME}) nor an LMDB ({DATA_FILE})"
+            )
+        self._shard_paths = [str(self.root)]
+        with self._env(0).begin() as txn:
+            raw = txn.get(NUM_SAMPLES_KEY)
+        if raw is None:
+            raise DatasetFormatError(
+                f"{self.root}: an LMDB without a 'num-samples' key; expected the PaddleOCR "
+                "layout (num-samples, image-%09d, label-%09d)"
+            )
+        self.shard_bounds = np.asarray([0, int(raw)], dtype=np.int64)
+
+    @property
+    def _envs(self) -> list[Any]:
+        return self._handles
+
+    def _env(self, shard: int) -> Any:
+        return self._handle(shard)
+
+    def _byte_range(self, shard: int, lo: int, hi: int) -> tuple[str, int, int] | None:
+        # Where LMDB keeps a value is known only from the offsets recorded at build time
+        # (index.parquet): looking a value up through LMDB reads all of its pages.
+        if self.index is None or self.index.offset is None:
+            return None
+        begin = self.index.offset[lo:hi]
+        end = begin.astype(np.int64) + self.index.nbytes[lo:hi]
+        return os.path.join(self._shard_paths[shard], DATA_FILE), int(begin.min()), int(end.max())
+
+    def _where(self, i: int, shard: int, key: bytes) -> str:
+        return f"{self._shard_paths[shard]} key {key.decode()} sample {i}{self._source(i)}"
+
+    def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
+        local = i - int(self.shard_bounds[shard]) + 1
+        key = image_key(local)
+        try:
+            with self._env(shard).begin(buffers=True) as txn:
+                buf = txn.get(key)
+                if buf is None:
+                    raise RecordError(f"{self._where(i, shard, key)}: the key is missing")
+                self._check_crc(i, buf, self._where(i, shard, key))
+                if as_bytes or self.decode == "bytes":
+                    image: Any = bytes(buf)
+                else:
+                    image = self.decode_stored(buf, i)
+                if self.index is not None:
+                    label: Any = self.index.labels[i]
+                else:
+                    raw = txn.get(label_key(local))
+                    label = None if raw is None else bytes(raw).decode("utf-8")
+        except RecordError:
+            raise
+        except ValueError as exc:
+            raise RecordError(f"{self._where(i, shard, key)}: cannot decode ({exc})") from exc
+        except (lmdb.Error, OSError) as exc:
+            raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
+        return image, label
