@@ -14,12 +14,17 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
 from readers.errors import DatasetFormatError
-from readers.formats.layout import FORMAT_VERSION, INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
+from readers.formats import get_format
+from readers.formats.base import ShardFormat
+from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
+from readers.meta import is_int, load_meta, shard_table
+
+__all__ = ["DatasetIndex", "Labels", "fingerprint", "load_index", "load_meta"]
 
 # Columns a reader needs; the rest (path, width, ...) are loaded only when asked for.
 CORE_COLUMNS = ("nbytes", "crc32", "offset")
@@ -95,7 +100,7 @@ class DatasetIndex:
     shard_names: list[str]
     nbytes: np.ndarray  # uint32
     crc32: np.ndarray  # uint32
-    offset: np.ndarray | None  # int64, RecordIO only
+    offset: np.ndarray | None  # as ShardFormat.index_offsets keeps it
     labels: Labels
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -125,98 +130,6 @@ class DatasetIndex:
         return None
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _plain_name(name: Any) -> bool:
-    """A file name inside the dataset directory: no separators, not ``.``/``..``."""
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and not any(c in name for c in ("/", "\\", "\0"))
-    )
-
-
-def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``meta.json`` of the dataset at `root`.
-
-    Raises:
-        DatasetFormatError: missing, not JSON, or a field readers rely on (``format``,
-            ``version``, ``num_samples``, the ``shards`` table, ``num_shards``) is absent or of
-            the wrong type; the message names the file and the field.
-    """
-    path = Path(root) / META_NAME
-    try:
-        with open(path, "rb") as f:
-            meta = json.loads(f.read().decode("utf-8"))
-    except (FileNotFoundError, NotADirectoryError):
-        raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
-    except (ValueError, RecursionError) as exc:
-        raise DatasetFormatError(f"{path}: not valid JSON ({exc})") from exc
-    except OSError as exc:
-        raise DatasetFormatError(f"{path}: cannot read ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise DatasetFormatError(f"{path}: expected a JSON object, found {type(meta).__name__}")
-    for key in ("format", "version", "num_samples", "shards"):
-        if key not in meta:
-            raise DatasetFormatError(f"{path}: field {key!r} is missing")
-    if not isinstance(meta["format"], str):
-        raise DatasetFormatError(f"{path}: format is {meta['format']!r}, expected a string")
-    version = meta["version"]
-    if not _is_int(version) or version < 1:
-        raise DatasetFormatError(f"{path}: version is {version!r}, expected an integer >= 1")
-    if version > FORMAT_VERSION:
-        raise DatasetFormatError(
-            f"{path}: format version {version} was written by a newer packer; this reader knows "
-            f"versions up to {FORMAT_VERSION}"
-        )
-    if not _is_int(meta["num_samples"]) or meta["num_samples"] < 0:
-        raise DatasetFormatError(
-            f"{path}: num_samples is {meta['num_samples']!r}, expected an integer >= 0"
-        )
-    shards = meta["shards"]
-    if not isinstance(shards, list):
-        raise DatasetFormatError(f"{path}: shards is {type(shards).__name__}, expected a list")
-    for n, shard in enumerate(shards):
-        if not isinstance(shard, dict):
-            raise DatasetFormatError(f"{path}: shard {n} is {shard!r}, expected an object")
-        if not _plain_name(shard.get("name")):
-            raise DatasetFormatError(
-                f"{path}: shard {n} has name {shard.get('name')!r}, expected a file name in "
-                "the dataset directory"
-            )
-        for key in ("first", "count"):
-            if not _is_int(shard.get(key)) or shard[key] < 0:
-                raise DatasetFormatError(
-                    f"{path}: shard {n} has {key} {shard.get(key)!r}, expected an integer >= 0"
-                )
-    if "num_shards" in meta and meta["num_shards"] != len(shards):
-        raise DatasetFormatError(
-            f"{path}: num_shards is {meta['num_shards']!r} but the shard table lists {len(shards)}"
-        )
-    return dict(meta)
-
-
-def _shard_table(meta: dict[str, Any], where: Path) -> tuple[np.ndarray, list[str]]:
-    bounds = [0]
-    names = []
-    for n, shard in enumerate(meta["shards"]):
-        if int(shard["first"]) != bounds[-1]:
-            raise DatasetFormatError(
-                f"{where}: shard {n} starts at id {shard['first']}, expected {bounds[-1]} "
-                "(shards must cover the ids in order without gaps)"
-            )
-        bounds.append(bounds[-1] + int(shard["count"]))
-        names.append(str(shard["name"]))
-    if bounds[-1] != int(meta["num_samples"]):
-        raise DatasetFormatError(
-            f"{where}: the shards hold {bounds[-1]} samples but num_samples is "
-            f"{meta['num_samples']}"
-        )
-    return np.asarray(bounds, dtype=np.int64), names
-
-
 _INT64_MAX = 2**63 - 1
 _UINT32_MAX = 2**32 - 1
 
@@ -227,7 +140,7 @@ def _labels_from_texts(texts: list[str]) -> Labels:
     values = [json.loads(t) for t in texts]
     if all(v is None for v in values):
         return Labels("none")
-    if all(_is_int(v) and -_INT64_MAX - 1 <= v <= _INT64_MAX for v in values):
+    if all(is_int(v) and -_INT64_MAX - 1 <= v <= _INT64_MAX for v in values):
         return Labels("int", ints=np.asarray(values, dtype=np.int64))
     return Labels("json", texts=pa.array(texts, type=pa.large_string()))
 
@@ -236,14 +149,14 @@ def _check_row(row: Any, n: int, shard: int, extra: tuple[str, ...]) -> str | No
     """What is wrong with the index object on line ``n + 1``, or None."""
     if not isinstance(row, dict):
         return f"expected a JSON object, found {type(row).__name__}"
-    if not _is_int(row.get("id")) or row["id"] != n:
+    if not is_int(row.get("id")) or row["id"] != n:
         return f"id is {row.get('id')!r}, expected {n} (id = line number)"
     for key in ("nbytes", "crc32"):
         value = row.get(key)
-        if not _is_int(value) or not 0 <= value <= _UINT32_MAX:
+        if not is_int(value) or not 0 <= value <= _UINT32_MAX:
             return f"{key} is {value!r}, expected an integer in 0..2**32-1"
     offset = row.get("offset")
-    if offset is not None and (not _is_int(offset) or not 0 <= offset <= _INT64_MAX):
+    if offset is not None and (not is_int(offset) or not 0 <= offset <= _INT64_MAX):
         return f"offset is {offset!r}, expected an integer >= 0"
     if "shard" in row and row["shard"] != shard:
         return (
@@ -257,7 +170,7 @@ def _check_row(row: Any, n: int, shard: int, extra: tuple[str, ...]) -> str | No
         if name in ("path", "format"):
             if not isinstance(value, str):
                 return f"{name} is {value!r}, expected a string"
-        elif not _is_int(value) or not 0 <= value <= _INT64_MAX:
+        elif not is_int(value) or not 0 <= value <= _INT64_MAX:
             return f"{name} is {value!r}, expected an integer >= 0"
     return None
 
@@ -346,8 +259,8 @@ def _load_parquet(
                 stacklevel=3,
             )
             return None
-        # offsets: where each record starts in its RecordIO file, or where its image bytes
-        # start in the LMDB data file (for page-cache hints; written by packer >= 0.1)
+        # offsets: where each record starts in its shard file, or where its stored bytes lie
+        # in it (ShardFormat.offsets_locate_records; hints written by packer >= 0.1)
         wanted = ["nbytes", "crc32", "offset", "shard", *extra]
         wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
         table = pq.read_table(pq_path, columns=wanted)
@@ -425,7 +338,7 @@ def load_index(
     """
     root = Path(root)
     meta = load_meta(root)
-    bounds, names = _shard_table(meta, root / META_NAME)
+    bounds, names = shard_table(meta, root / META_NAME)
     loaded = _load_parquet(root, meta, extra) if prefer_columnar else None
     if loaded is None:
         loaded = _load_jsonl(root, extra, bounds)
@@ -438,13 +351,9 @@ def load_index(
     shard = cols.pop("shard", None)
     if shard is not None:
         _check_shard_column(shard, bounds, root / INDEX_COLUMNAR_NAME)
-    offset: np.ndarray | None = cols["offset"]
-    if meta["format"] != "recordio":
-        # LMDB: optional, and only from index.parquet; None unless known for every record
-        if offset is None or len(offset) != len(cols["nbytes"]) or (offset < 0).any():
-            offset = None
-        elif len(offset) and int(offset.max()) < 2**32:
-            offset = offset.astype(np.uint32)
+    # what an offset means (and whether reading needs it) is the format's business
+    fmt = get_format(meta["format"]) or ShardFormat()
+    offset = fmt.index_offsets(cols["offset"], len(cols["nbytes"]))
     return DatasetIndex(
         root=root,
         meta=meta,
