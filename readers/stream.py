@@ -92,6 +92,14 @@ DEFAULT_SHUFFLE_BUFFER = DEFAULT_WINDOW * DEFAULT_CHUNK_SIZE
 window (8 chunks of 64). Held as stored bytes: ~50 MB per worker for ImageNet-sized JPEGs."""
 
 
+_SECOND_PASS = (
+    "ShardStream was asked for a second pass inside one DataLoader worker, i.e. with "
+    "persistent_workers=True; the worker's copy would repeat its first epoch (set_epoch does "
+    "not reach it), and paddle 3.3 cannot run an IterableDataset with persistent workers; use "
+    "persistent_workers=False"
+)
+
+
 def _worker_info() -> Any:
     """paddle's worker info in a DataLoader worker, else None (a seam for tests)."""
     return paddle.io.get_worker_info()
@@ -271,12 +279,7 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         # A generator: errors surface at the first batch, where paddle re-raises them in the
         # main process with their message (an error in iter() kills the worker instead).
         if passes > 1:
-            raise RuntimeError(
-                "ShardStream was asked for a second pass inside one DataLoader worker, i.e. "
-                "with persistent_workers=True; the worker's copy would repeat its first epoch "
-                "(set_epoch does not reach it), and paddle 3.3 cannot run an IterableDataset "
-                "with persistent workers; use persistent_workers=False"
-            )
+            raise RuntimeError(_SECOND_PASS)
         skip = 0
         logical = worker
         if resume is not None and resume.epoch == epoch:

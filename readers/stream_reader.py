@@ -1,5 +1,6 @@
 """How ``ShardStream`` gets items out of a dataset: stored records read run by run through a
-bounded shuffle buffer, decoded (``readers.decode.decode_sample``) as they leave it."""
+bounded shuffle buffer, decoded as they leave it (``dataset.decode_stored``, which goes through
+``readers.decode.decode_sample``)."""
 
 from __future__ import annotations
 
@@ -15,30 +16,6 @@ from readers.errors import RecordError
 from readers.order import IntArray, sequential_runs
 
 __all__ = ["RunReader", "StreamSource"]
-
-RAW_DIMS = ("height", "width", "channels")
-
-
-def _raw_dims(dataset: Any) -> tuple[IntArray, IntArray, IntArray] | None:
-    """Per-sample (height, width, channels) when the dataset stores raw pixels, else None.
-
-    ``packer build --encode raw`` stores every sample as pixels (index ``format`` "raw"),
-    recorded in meta.json's options; their dimensions are index columns.
-    """
-    index = getattr(dataset, "index", None)
-    meta = getattr(index, "meta", None)
-    if index is None or not isinstance(meta, dict):
-        return None
-    options = meta.get("options")
-    if not isinstance(options, dict) or options.get("encode") != "raw":
-        return None
-    extra = getattr(index, "extra", None) or {}
-    if not all(name in extra for name in RAW_DIMS):
-        from readers.index import load_index
-
-        extra = load_index(index.root, extra=RAW_DIMS).extra
-    height, width, channels = (np.asarray(extra[name], dtype=np.int64) for name in RAW_DIMS)
-    return height, width, channels
 
 
 class StreamSource:
@@ -83,7 +60,6 @@ class StreamSource:
         self.dataset = dataset
         self.decode = decode
         self.transform = transform
-        self._raw = _raw_dims(dataset) if self.packed and decode != "bytes" else None
 
     def finish(self, i: int, item: Any) -> Any:
         """The item of sample ``i`` from its stored record: decoded and transformed."""
@@ -91,13 +67,14 @@ class StreamSource:
             return item
         image, label = item
         if self.decode != "bytes":
-            dims: dict[str, Any] = {}
-            if self._raw is not None:
-                h, w, c = self._raw
-                dims = {"stored": "raw", "height": int(h[i]), "width": int(w[i])}
-                dims["channels"] = int(c[i])
+            # the dataset knows how its samples are stored (raw pixels need the index's
+            # dimensions); a packed dataset without decode_stored stores encoded images
+            decode_stored = getattr(self.dataset, "decode_stored", None)
             try:
-                image = decode_sample(image, str(self.decode), **dims)
+                if callable(decode_stored):
+                    image = decode_stored(image, i, str(self.decode))
+                else:
+                    image = decode_sample(image, str(self.decode))
             except ValueError as exc:
                 raise RecordError(
                     f"{getattr(self.dataset, 'root', type(self.dataset).__name__)} sample {i}: "
