@@ -6,22 +6,18 @@ import contextlib
 import errno
 import fcntl
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import time
-import zlib
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from packer import __version__
 from packer.config import BuildConfig
-from packer.encode import Record, Transform, prepare
 from packer.engines import EngineError
 from packer.errors import (
     BuildLockedError,
@@ -30,7 +26,7 @@ from packer.errors import (
     OutputExistsError,
     PackerError,
 )
-from packer.labels import NO_LABEL_MESSAGE, Entry, plan_labels
+from packer.labels import plan_labels
 from packer.plan import (
     MERGING_NAME,
     PLAN_NAME,
@@ -41,13 +37,12 @@ from packer.plan import (
     save_plan,
     source_sizes,
 )
-from packer.problems import CHANGED, NO_LABEL, WARNINGS_NAME, Problem
+from packer.problems import WARNINGS_NAME, Problem
+from packer.records import Entry
 from packer.scan import name_collisions
-from packer.writers import WRITERS
-from packer.writers.base import ShardPart, fsync_path, merge_parts, part_paths, read_done
-from packer.writers.lmdb import lmdb_versions
-from packer.writers.recordio import IDX_SUFFIX, REC_SUFFIX, oversize_problem, recordio_layout
-from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME, shard_name
+from packer.task import writer_class
+from packer.writers.base import fsync_path, merge_parts, read_done
+from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME
 from readers.index import fingerprint
 
 
@@ -80,90 +75,6 @@ class BuildSummary:
 def temp_dir_for(out: Path) -> Path:
     """The hidden sibling that a build of `out` writes into before renaming it."""
     return out.parent / f".{out.name}.partial"
-
-
-_BATCH = 32  # images per task sent to a worker process: amortises the IPC
-_IN_FLIGHT = 4  # tasks queued per worker: enough to keep each busy, and memory bounded
-
-
-def _prepare_batch(
-    batch: list[tuple[str, str, Any]],
-    decode_check: bool,
-    transform: Transform,
-    strip: bool = False,
-) -> list[Record | Problem]:
-    results = [
-        prepare(rel, path, label, decode_check=decode_check, transform=transform)
-        for rel, path, label in batch
-    ]
-    if strip:  # the caller reads the original bytes itself: no need to pipe them over
-        results = [replace(r, data=b"") if isinstance(r, Record) else r for r in results]
-    return results
-
-
-def _restore(item: Record | Problem, path: str) -> Record | Problem:
-    """A record whose bytes a worker left out gets them again, from the page cache.
-
-    Sending every image through a pipe cost more than reading it twice: with the bytes
-    piped back, two workers were only 1.2x one. The CRC-32 the worker computed proves the
-    bytes read now are the bytes it checked.
-    """
-    if not isinstance(item, Record) or item.data:
-        return item
-    try:  # a plain read: the worker already vetted the file (regular, readable, an image)
-        with open(path, "rb", buffering=0) as f:
-            got = f.readall()
-    except OSError as exc:
-        return Problem(item.rel, CHANGED, f"cannot be read again after its check ({exc})")
-    if zlib.crc32(got) != item.crc32:
-        return Problem(item.rel, CHANGED, "changed between its check and its packing")
-    return replace(item, data=got)
-
-
-def _prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Record | Problem]:
-    """Each entry read, checked and transformed, in entry order.
-
-    With several workers the images are processed in a process pool while this process
-    writes; at most ``workers * _IN_FLIGHT`` batches are in flight, so memory stays bounded
-    whatever the tree size, and results come back in order, so the output is identical for
-    any number of workers.
-    """
-    tasks = [(e.file.rel, e.file.path, e.label) for e in entries]
-    batches = (tasks[i : i + _BATCH] for i in range(0, len(tasks), _BATCH))
-    if cfg.workers <= 1 or len(entries) < 2 * _BATCH:
-        for batch in batches:
-            yield from _prepare_batch(batch, cfg.decode_check, cfg.transform)
-        return
-    strip = cfg.transform.identity  # original bytes: re-read here rather than piped back
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(cfg.workers) as pool:
-        pending: deque[tuple[Any, list[tuple[str, str, Any]]]] = deque()
-
-        def collect() -> Iterator[Record | Problem]:
-            result, batch = pending.popleft()
-            for item, (_, path, _) in zip(result.get(), batch, strict=True):
-                yield _restore(item, path)
-
-        for batch in batches:
-            args = (batch, cfg.decode_check, cfg.transform, strip)
-            pending.append((pool.apply_async(_prepare_batch, args), batch))
-            if len(pending) >= cfg.workers * _IN_FLIGHT:
-                yield from collect()
-        while pending:
-            yield from collect()
-
-
-def _progress(total: int, enabled: bool | None) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        unit="img",
-        desc="packing",
-        disable=(not sys.stderr.isatty()) if enabled is None else not enabled,
-        dynamic_ncols=True,
-        smoothing=0.1,
-    )
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -214,111 +125,25 @@ def _output_options(cfg: BuildConfig) -> dict[str, Any]:
     return options
 
 
-def _check_input(entry: Entry, item: Record | Problem, fmt: str) -> Record | Problem:
-    """The per-input checks that need both the entry and what reading it gave."""
-    if not entry.labelled and isinstance(item, Record):
-        return Problem(item.rel, NO_LABEL, entry.note or NO_LABEL_MESSAGE)
-    if fmt == "recordio" and isinstance(item, Record):
-        return oversize_problem(item) or item
-    return item
-
-
-def write_shard(
-    tmp: Path,
-    shard: ShardPlan,
-    entries: list[Entry],
-    items: Iterator[Record | Problem],
-    cfg: BuildConfig,
-    *,
-    first_id: int,
-    advance: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
-    """Write planned `shard` of the build in `tmp` from its entries' prepared `items`.
-
-    Whatever an earlier attempt at this shard left (a retried Ray task, an interrupted
-    build) is removed first: LMDB would append to an existing environment.  `advance` is
-    called once per entry with the bytes stored for it (0 when it was skipped).
-
-    Returns:
-        The shard's completion marker (see `ShardPart.finish`).
-
-    Raises:
-        InputError: an input is bad and ``cfg.on_error`` is ``fail``.
-    """
-    base = tmp / shard_name(shard.number)
-    part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)  # unfinished from here on
-    for path in (
-        base,
-        base.with_name(base.name + REC_SUFFIX),
-        base.with_name(base.name + IDX_SUFFIX),
-    ):
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    part = ShardPart(tmp, shard.number, WRITERS[cfg.format], first_id=first_id)
-    try:
-        problems: list[Problem] = []
-        for entry in entries:
-            item = _check_input(entry, next(items), cfg.format)
-            if isinstance(item, Problem):
-                if cfg.on_error == "fail":
-                    raise InputError(item.path, item.reason, item.message)
-                problems.append(item)
-                stored = 0
-            else:
-                part.add(item)
-                stored = len(item.data)
-            if advance is not None:
-                advance(stored)
-        return part.finish(problems)
-    except BaseException:
-        part.abort()
-        raise
-
-
-def _run_local(
+def run_engine(
     cfg: BuildConfig,
     tmp: Path,
     entries: list[Entry],
     shards: list[ShardPlan],
     finished: set[int],
     *,
+    say: Callable[[str], None],
     started: float,
 ) -> None:
-    """The local engine: write the unfinished shards in order, reading in a process pool.
+    """Have ``cfg.engine`` write the planned shards that are not `finished` (`packer.engines`)."""
+    if cfg.engine == "ray":
+        from packer.engines.ray import run_ray  # ray is imported only here
 
-    Each shard is written with its final first id (the counts of the shards before it).
-    """
-    first_id = 0
-    todo: list[Entry] = []
-    for shard in shards:
-        if shard.number not in finished:
-            todo.extend(entries[shard.start : shard.stop])
-    results = _prepared(todo, cfg)
-    with _progress(len(entries), cfg.progress) as bar:
-        written = 0
+        run_ray(cfg, tmp, entries, shards, finished, say=say)
+    else:
+        from packer.engines.local import run_local
 
-        def advance(stored: int) -> None:
-            nonlocal written
-            written += stored
-            bar.update(1)
-            if bar.n % 256 == 0:
-                rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
-                bar.set_postfix_str(f"{rate:.1f} MB/s")
-
-        for shard in shards:
-            if shard.number in finished:
-                done = read_done(tmp, shard.number)
-                assert done is not None
-                first_id += int(done["count"])
-                bar.update(shard.stop - shard.start)
-                continue
-            shard_entries = entries[shard.start : shard.stop]
-            done = write_shard(
-                tmp, shard, shard_entries, results, cfg, first_id=first_id, advance=advance
-            )
-            first_id += int(done["count"])
+        run_local(cfg, tmp, entries, shards, finished, started=started)
 
 
 def _prepare_build_dir(
@@ -431,15 +256,11 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
     save_plan(tmp, digest, shards)
 
     summary = BuildSummary(out=out)
+    shard_cls = writer_class(cfg.format)
     try:
-        if cfg.engine == "ray":
-            from packer.engines.ray import run_ray  # ray is imported only here
-
-            run_ray(cfg, tmp, plan.entries, shards, finished, say=say)
-        else:
-            _run_local(cfg, tmp, plan.entries, shards, finished, started=started)
+        run_engine(cfg, tmp, plan.entries, shards, finished, say=say, started=started)
         (tmp / MERGING_NAME).touch()
-        merged = merge_parts(tmp, [s.number for s in shards], renumber=_renumber(cfg.format))
+        merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
         found = label_problems + merged.problems
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
@@ -473,7 +294,7 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
             "num_warnings": len(notes),
             "index_sha256": merged.index_sha256,
             "index_fingerprint": fingerprint(tmp / "index.jsonl"),
-            "writer": lmdb_versions() if cfg.format == "lmdb" else recordio_layout(),
+            "writer": shard_cls.describe(),
         }
         for name in (PLAN_NAME, MERGING_NAME):
             (tmp / name).unlink(missing_ok=True)
@@ -496,17 +317,3 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
         summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
     summary.seconds = time.perf_counter() - started
     return summary
-
-
-def _lmdb_ids_are_local(base: Path, old_first: int, new_first: int, rows: list[Any]) -> None:
-    """LMDB keys count from 1 within each shard: a shard written with another first id (by
-    the Ray engine) holds nothing to renumber."""
-    return
-
-
-def _renumber(fmt: str) -> Any:
-    if fmt == "recordio":
-        from packer.writers.recordio import renumber_shard
-
-        return renumber_shard
-    return _lmdb_ids_are_local

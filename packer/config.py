@@ -10,7 +10,7 @@ from pathlib import Path
 from packer.encode import Transform
 from packer.engines import ENGINES
 from packer.errors import ConfigError
-from readers.formats.layout import FORMATS
+from readers.formats import FORMATS  # the registered names, the default first
 
 _UNITS = {
     "": 1,
@@ -64,7 +64,7 @@ class BuildConfig:
 
     src: Path
     out: Path
-    format: str = "lmdb"
+    format: str = FORMATS[0]
     labels: str | tuple[str, ...] = "auto"  # one source, or several label files (merged)
     label_depth: int = 1  # folder levels that name the class (dirname)
     class_map: str | None = None  # auto | FILE: text labels -> class ids

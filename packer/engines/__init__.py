@@ -2,18 +2,22 @@
 
 An engine gets the build directory, the label plan's entries, the shard plan and the shards
 already finished there (``--resume``), and must leave every other planned shard finished:
-its files plus the side files and completion marker of a `ShardPart`, written by
-`packer.build.write_shard`.  Numbering, merging, meta.json and publishing are the same code
-for every engine, so every engine gives the same dataset.
+its files plus the side files and completion marker of a `ShardPart`, written by the shard
+task (`packer.task`).  Numbering, merging, meta.json and publishing are the same code for
+every engine, so every engine gives the same dataset.
 
-- ``local`` (`packer.build._run_local`): shards in order in this process, images read and
-  checked in a process pool; each shard is written with its final first sample id.
+- ``local`` (`packer.engines.local`): the shard task (`packer.task`) in this process fed
+  by a process pool, or, with several shards and workers, in each pool process for a shard.
 - ``ray`` (`packer.engines.ray`): one Ray task per shard, anywhere in the cluster; a shard
   is written with a provisional first id (its first entry's index), and the merge renumbers
-  RecordIO shards whose earlier shards skipped inputs.  Imported only for ``--engine ray``.
+  shards whose earlier shards skipped inputs (where the format stores global ids).
+  Imported only for ``--engine ray``.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Any
 
 from packer.errors import PackerError
 
@@ -23,3 +27,17 @@ ENGINES = ("local", "ray")
 class EngineError(PackerError):
     """A shard could not be written for a reason outside its inputs (its task died on every
     retry, a node or the cluster was lost); the finished shards are kept for ``--resume``."""
+
+
+def progress_bar(total: int, enabled: bool | None) -> Any:
+    """A tqdm bar over `total` images (None: shown when stderr is a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        unit="img",
+        desc="packing",
+        disable=(not sys.stderr.isatty()) if enabled is None else not enabled,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )

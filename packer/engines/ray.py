@@ -1,7 +1,7 @@
 """The Ray engine: each planned shard is one Ray task, run on any node of a cluster.
 
-A task reads, checks and transforms its shard's images in one process and writes the shard
-with `packer.build.write_shard` straight into the build directory, which must be on a
+A task runs the shard task (`packer.task.run_shard`: read, check and transform the shard's
+images in one process and write the shard) straight into the build directory, which must be on a
 filesystem that every node mounts at the same path (as must SRC).  It writes the shard with
 the provisional first id ``shard.start``; the driver's merge renumbers where earlier shards
 skipped inputs, so the dataset equals a local build's byte for byte.
@@ -25,15 +25,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packer.build import _progress, write_shard
 from packer.config import BuildConfig
-from packer.encode import Record, prepare
-from packer.engines import EngineError
+from packer.engines import EngineError, progress_bar
 from packer.errors import ConfigError, PackerError
-from packer.labels import Entry
 from packer.plan import ShardPlan
-from packer.problems import Problem
+from packer.records import Entry
 from packer.scan import SourceFile
+from packer.task import portable, rebuild, run_shard
 from readers.formats.layout import shard_name
 
 MAX_RETRIES = 3
@@ -70,19 +68,6 @@ def _import_ray() -> Any:
     return ray
 
 
-def _portable(exc: PackerError) -> tuple[type[PackerError], tuple[Any, ...], dict[str, Any]]:
-    # Our errors take other arguments than they store in .args, so pickle cannot rebuild them.
-    return type(exc), exc.args, dict(vars(exc))
-
-
-def _rebuild(portable: tuple[type[PackerError], tuple[Any, ...], dict[str, Any]]) -> PackerError:
-    cls, args, attrs = portable
-    exc = cls.__new__(cls)
-    BaseException.__init__(exc, *args)
-    exc.__dict__.update(attrs)
-    return exc
-
-
 def _shard_task(cfg: BuildConfig, job: ShardJob) -> dict[str, Any]:
     """Write one shard (in a Ray worker); return its counts and where it ran, or its error."""
     started = time.perf_counter()
@@ -94,21 +79,9 @@ def _shard_task(cfg: BuildConfig, job: ShardJob) -> dict[str, Any]:
                     f"node {host} ({ip}) does not see {what} {path}: SRC and OUT's parent "
                     "must be on a filesystem that every node mounts at the same path"
                 )
-        items: Iterator[Record | Problem] = (
-            prepare(
-                e.file.rel,
-                e.file.path,
-                e.label,
-                decode_check=cfg.decode_check,
-                transform=cfg.transform,
-            )
-            for e in job.entries
-        )
-        done = write_shard(
-            Path(job.tmp), job.shard, job.entries, items, cfg, first_id=job.shard.start
-        )
+        done = run_shard(cfg, Path(job.tmp), job.shard, job.entries)
     except PackerError as exc:
-        return {"error": _portable(exc)}
+        return {"error": portable(exc)}
     return {
         "count": int(done["count"]),
         "bytes": int(done["bytes"]),
@@ -213,7 +186,7 @@ def _run(
     failed: tuple[int, BaseException] | None = None
     nodes: dict[tuple[str, str], _NodeStats] = {}
     written = 0
-    with _progress(len(entries), cfg.progress) as bar:
+    with progress_bar(len(entries), cfg.progress) as bar:
         bar.update(sum(s.stop - s.start for s in shards if s.number in finished))
         try:
             while job is not None or pending:
@@ -281,7 +254,7 @@ def _outcome(ray: Any, ref: Any, job: ShardJob) -> dict[str, Any] | BaseExceptio
             "command with --resume"
         )
     if "error" in result:
-        return _rebuild(result["error"])
+        return rebuild(result["error"])
     return result
 
 

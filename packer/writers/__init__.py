@@ -6,9 +6,9 @@ from packer.writers.base import ShardPart, ShardWriter, merge_parts
 from packer.writers.lmdb import LmdbShardWriter
 from packer.writers.recordio import RecordIOShardWriter
 
+# format name -> writer class (until the packer-side registry, packer.formats, takes over)
 WRITERS: dict[str, type[ShardWriter]] = {
-    "lmdb": LmdbShardWriter,
-    "recordio": RecordIOShardWriter,
+    cls.format: cls for cls in (LmdbShardWriter, RecordIOShardWriter)
 }
 
 __all__ = [

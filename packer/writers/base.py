@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.encode import Record
 from packer.problems import Problem
+from packer.records import Record
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, shard_name
 
 _PARQUET_SCHEMA = pa.schema(
@@ -88,6 +87,38 @@ class ShardWriter(ABC):
     def record_offsets(self) -> np.ndarray | None:
         """After close(): each record's byte offset in its file, when only then known."""
         return None
+
+    # --- per-format behaviour that the build asks the writer class about ---
+
+    # True when an index key is the global sample id (it changes when a shard is renumbered);
+    # False when keys count within the shard.
+    global_keys: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def paths(cls, base: Path) -> list[Path]:
+        """The files or directories a shard at `base` consists of (to clear before a rewrite)."""
+
+    @classmethod
+    def check(cls, record: Record) -> Problem | None:
+        """A problem when `record` cannot be stored in this format, else None."""
+        return None
+
+    @classmethod
+    def renumber(
+        cls, base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]
+    ) -> int | None:
+        """Give the finished shard at `base`, written with sample ids from `old_first`, the ids
+        from `new_first`; return its new size in bytes, or None when it did not change.
+
+        The default suits formats whose files hold no global ids: nothing to do.
+        """
+        return None
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """What meta.json records under ``writer``: the library or layout that wrote it."""
+        return {}
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
@@ -295,18 +326,15 @@ class MergeResult:
         self.notes: list[dict[str, Any]] = []  # warnings.jsonl objects, with final ids
 
 
-# (shard base, first id written, first id wanted, index rows) -> the shard's new size in bytes,
-# or None when renumbering did not change it
-Renumber = Callable[[Path, int, int, list[dict[str, Any]]], int | None]
-
-
-def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = None) -> MergeResult:
+def merge_parts(
+    root: Path, numbers: list[int], *, shard_cls: type[ShardWriter] | None = None
+) -> MergeResult:
     """Turn the finished parts of planned shards `numbers` into the dataset's index.
 
     Shards that ended up empty (every input bad) are removed and the rest renamed so that
     shard names stay consecutive; sample ids are numbered in shard order.  A shard written
-    with another first id than the one it gets (by a parallel writer) is passed to
-    `renumber(shard_base, old_first, new_first, rows)` to fix the ids inside its files.
+    with another first id than the one it gets (by a parallel writer) is renumbered by
+    ``shard_cls.renumber``, which must then be given.
     """
     index = IndexWriter(root)
     shards: list[dict[str, Any]] = []
@@ -333,10 +361,11 @@ def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = N
             first = index.num_samples
             with open(paths["rows"], encoding="utf-8") as f:
                 rows = [json.loads(line) for line in f]
-            if done["first"] != first:
-                if renumber is None:
+            renumbered = done["first"] != first
+            if renumbered:
+                if shard_cls is None:
                     raise ValueError(f"{old_base}: written with first id {done['first']}")
-                resized = renumber(old_base, int(done["first"]), first, rows)
+                resized = shard_cls.renumber(old_base, int(done["first"]), first, rows)
                 if resized is not None:
                     done["file_bytes"] = resized
             if new_number != number:
@@ -357,7 +386,7 @@ def merge_parts(root: Path, numbers: list[int], *, renumber: Renumber | None = N
                     "shard": new_number,
                     **{k: v for k, v in part_row.items() if k not in ("path", "label")},
                 }
-                if "offset" in part_row:  # RecordIO: the key is the global id
+                if renumbered and shard_cls is not None and shard_cls.global_keys:
                     row["key"] = str(first + j)
                 stored = int(offsets[j]) if offsets is not None else None
                 index.add(row, stored_offset=stored)

@@ -10,9 +10,9 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from packer.encode import Record
+from packer.records import Record
 from packer.writers.base import ShardWriter, fsync_path
-from readers.formats.lmdb_layout import (
+from readers.formats.lmdb import (
     DATA_FILE,
     LOCK_FILE,
     NUM_SAMPLES_KEY,
@@ -99,6 +99,14 @@ class LmdbShardWriter(ShardWriter):
     format = "lmdb"
     late_offsets = True
     initial_map_size = 256 << 20
+
+    @classmethod
+    def paths(cls, base: Path) -> list[Path]:
+        return [base]  # keys count from 1 in each shard: nothing to renumber
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        return lmdb_versions()
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from packer.encode import Record
 from packer.errors import PackerError
 from packer.problems import Problem
+from packer.records import Record
 from packer.writers.base import ShardWriter
 from readers.formats.recordio import (
     IR_HEADER,
@@ -109,11 +109,29 @@ class RecordIOShardWriter(ShardWriter):
     """One RecordIO shard: ``shard-NNNNN.rec`` and its ``shard-NNNNN.idx``."""
 
     format = "recordio"
+    global_keys = True  # the .idx key and IRHeader.id are the global sample id
+
+    @classmethod
+    def paths(cls, base: Path) -> list[Path]:
+        return [base.with_name(base.name + REC_SUFFIX), base.with_name(base.name + IDX_SUFFIX)]
+
+    @classmethod
+    def check(cls, record: Record) -> Problem | None:
+        return oversize_problem(record)
+
+    @classmethod
+    def renumber(
+        cls, base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]
+    ) -> int | None:
+        return renumber_shard(base, old_first, new_first, rows)
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        return recordio_layout()
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)
-        self.rec_path = base.with_name(base.name + REC_SUFFIX)
-        self.idx_path = base.with_name(base.name + IDX_SUFFIX)
+        self.rec_path, self.idx_path = self.paths(base)
         self._rec = open(self.rec_path, "xb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
         self._idx = open(self.idx_path, "x", encoding="ascii", newline="\n")  # noqa: SIM115
         self._records = RecordFileWriter(self._rec)

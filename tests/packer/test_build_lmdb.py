@@ -26,7 +26,7 @@ from packer.errors import (
     PackerError,
 )
 from packer.writers.lmdb import LmdbShardWriter
-from readers.formats.lmdb_layout import NUM_SAMPLES_KEY, image_key, label_key
+from readers.formats.lmdb import NUM_SAMPLES_KEY, image_key, label_key
 from tests.conftest import write_tree
 
 
@@ -387,8 +387,8 @@ def test_parallel_build_is_identical(tmp_path):
 
 
 def test_bytes_reread_after_a_parallel_check_must_match_it(tmp_path):
-    from packer.build import _restore
-    from packer.encode import Record
+    from packer.engines.local import restore as _restore
+    from packer.records import Record
 
     path = tmp_path / "a.png"
     path.write_bytes(b"new content")

@@ -1,0 +1,131 @@
+"""The shard task: write one planned shard of a build, from its entries to its finished part.
+
+Every engine runs this same code for a shard (the local engine in this process or in a pool
+process, the Ray engine in a Ray task), so every engine gives the same shard files, index
+rows and problems; `packer.build` then merges the parts into the dataset.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from packer.config import BuildConfig
+from packer.encode import prepare
+from packer.errors import InputError, PackerError
+from packer.formats import FORMATS
+from packer.labels import NO_LABEL_MESSAGE
+from packer.plan import ShardPlan
+from packer.problems import NO_LABEL, Problem
+from packer.records import Entry, Record
+from packer.writers.base import ShardPart, ShardWriter, part_paths
+from readers.formats.layout import shard_name
+
+
+def writer_class(fmt: str) -> type[ShardWriter]:
+    """The shard writer of format `fmt` (a name `BuildConfig` has validated)."""
+    return FORMATS[fmt].writer
+
+
+def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Record | Problem]:
+    """Each entry read, checked and transformed in this process, in entry order."""
+    for e in entries:
+        yield prepare(
+            e.file.rel,
+            e.file.path,
+            e.label,
+            decode_check=cfg.decode_check,
+            transform=cfg.transform,
+        )
+
+
+def check_input(
+    entry: Entry, item: Record | Problem, shard_cls: type[ShardWriter]
+) -> Record | Problem:
+    """The per-input checks that need the entry, what reading it gave, and the format."""
+    if not isinstance(item, Record):
+        return item
+    if not entry.labelled:
+        return Problem(item.rel, NO_LABEL, entry.note or NO_LABEL_MESSAGE)
+    return shard_cls.check(item) or item
+
+
+def write_shard(
+    tmp: Path,
+    shard: ShardPlan,
+    entries: list[Entry],
+    items: Iterator[Record | Problem],
+    cfg: BuildConfig,
+    *,
+    first_id: int,
+    advance: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write planned `shard` of the build in `tmp` from its entries' prepared `items`.
+
+    Whatever an earlier attempt at this shard left (a retried task, an interrupted build) is
+    removed first: LMDB would append to an existing environment.  Sample ids start at
+    `first_id` (a guess is fine: the merge renumbers).  `advance` is called once per entry
+    with the bytes stored for it (0 when it was skipped).
+
+    Returns:
+        The shard's completion marker (see `ShardPart.finish`).
+
+    Raises:
+        InputError: an input is bad and ``cfg.on_error`` is ``fail``.
+    """
+    shard_cls = writer_class(cfg.format)
+    part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)  # unfinished from here on
+    for path in shard_cls.paths(tmp / shard_name(shard.number)):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    part = ShardPart(tmp, shard.number, shard_cls, first_id=first_id)
+    try:
+        problems: list[Problem] = []
+        for entry in entries:
+            item = check_input(entry, next(items), shard_cls)
+            if isinstance(item, Problem):
+                if cfg.on_error == "fail":
+                    raise InputError(item.path, item.reason, item.message)
+                problems.append(item)
+                stored = 0
+            else:
+                part.add(item)
+                stored = len(item.data)
+            if advance is not None:
+                advance(stored)
+        return part.finish(problems)
+    except BaseException:
+        part.abort()
+        raise
+
+
+def run_shard(
+    cfg: BuildConfig, tmp: Path, shard: ShardPlan, entries: list[Entry]
+) -> dict[str, Any]:
+    """The whole task for one shard in one process: read, check and write its `entries`
+    (``entries[shard.start:shard.stop]`` of the label plan), with the provisional first id
+    ``shard.start``.  Returns the shard's completion marker."""
+    return write_shard(tmp, shard, entries, prepared(entries, cfg), cfg, first_id=shard.start)
+
+
+# Our errors take other arguments than they store in .args, so pickle cannot rebuild them:
+# a task in another process returns its error in this form instead of raising it.
+PortableError = tuple[type[PackerError], tuple[Any, ...], dict[str, Any]]
+
+
+def portable(exc: PackerError) -> PortableError:
+    """`exc` in a form that pickles (see `rebuild`)."""
+    return type(exc), exc.args, dict(vars(exc))
+
+
+def rebuild(error: PortableError) -> PackerError:
+    """The error that `portable` packed."""
+    cls, args, attrs = error
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, *args)
+    exc.__dict__.update(attrs)
+    return exc
