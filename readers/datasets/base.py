@@ -26,6 +26,7 @@ from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index, load_meta
+from readers.staging import stage
 
 ON_ERROR = ("raise", "skip")
 
@@ -83,6 +84,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
             order (wrapping), counted in ``skipped``, with one warning per process. Damage to
             the dataset's structure (a missing or cut shard) always raises.
+        cache_dir: copy the shards once per machine into this local directory (/dev/shm,
+            a local SSD) and read them there (see `readers.staging.stage`).
+        cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
+            used shards are evicted, shards that do not fit are read from `path`.
 
     Raises:
         DatasetFormatError: the path is not a dataset of this format, or its files disagree.
@@ -99,8 +104,12 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         *,
         verify_crc: bool = False,
         on_error: str = "raise",
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         check_mode(decode)
+        if cache_dir is not None:  # read a node-local copy (readers.staging)
+            path = stage(path, cache_dir, cache_limit=cache_limit)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         self.root = Path(path)

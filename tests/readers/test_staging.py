@@ -21,7 +21,7 @@ import pytest
 from packer.build import build
 from packer.config import BuildConfig
 from readers import handles, open_dataset
-from readers.formats import FORMATS
+from readers.formats import FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
 from readers.staging import Stager, StagingError, parse_size, release, stage
 from readers.staging.files import TMP_MARK
@@ -305,8 +305,13 @@ def crc_of(data: object) -> np.ndarray:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_dataloader_workers_read_a_staged_dataset(tmp_path: Path, fmt: str) -> None:
     out = packed(tmp_path, fmt)
-    root = stage(out, tmp_path / "cache")
-    ds = open_dataset(root, decode="bytes", transform=crc_of)
+    dataset_class = REGISTRY[fmt].dataset_class()  # LmdbDataset, RecordIODataset
+    cache = tmp_path / "cache"
+    ds = dataset_class(out, decode="bytes", transform=crc_of, cache_dir=cache, cache_limit="1GiB")
+    assert ds.root.parent == cache
+    staged = [e for e in ds.root.iterdir() if e.is_symlink()]
+    assert staged
+    assert all(e.resolve().is_relative_to(cache.resolve()) for e in staged)
     ds[0]  # opened in the parent first: workers must open their own handles
     loader = paddle.io.DataLoader(
         ds, batch_size=4, num_workers=2, shuffle=False, use_shared_memory=True
