@@ -77,6 +77,7 @@ from readers.resume import (
 )
 from readers.samplers import DEFAULT_CHUNK_SIZE, DEFAULT_WINDOW, check_rank
 from readers.selection import SizedDataset, dataset_bounds
+from readers.staging import stage
 from readers.stream_reader import StreamSource
 
 __all__ = [
@@ -134,6 +135,8 @@ class ShardStream(paddle.io.IterableDataset[Any]):
             of padding to ``ceil(n / world_size)``.
         rank: This rank; default ``paddle.distributed.get_rank()``.
         world_size: Number of ranks; default ``paddle.distributed.get_world_size()``.
+        cache_dir, cache_limit: With a directory ``source``: read its node-local copy,
+            ``readers.staging.stage(source, cache_dir, cache_limit=cache_limit)``.
     """
 
     def __init__(
@@ -149,8 +152,14 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
+        if cache_dir is not None:  # read a node-local copy (readers.staging)
+            if not isinstance(source, str | os.PathLike):
+                raise ValueError("cache_dir= needs a dataset path; give the dataset cache_dir=")
+            source = stage(source, cache_dir, cache_limit=cache_limit)
         check_nonneg("chunk_size", chunk_size, 1)
         check_nonneg("shuffle_buffer", shuffle_buffer, 1)
         check_nonneg("seed", seed)

@@ -20,7 +20,7 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from readers import handles, open_dataset
+from readers import ShardStream, handles, open_dataset
 from readers.formats import FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
 from readers.staging import Stager, StagingError, parse_size, release, stage
@@ -324,3 +324,29 @@ def test_dataloader_workers_read_a_staged_dataset(tmp_path: Path, fmt: str) -> N
     want = [(zlib.crc32(data), label) for data, label in samples(out)]
     assert got == want
     assert len(got) == 24
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shard_stream_reads_a_staged_copy_through_workers(tmp_path: Path, fmt: str) -> None:
+    out = packed(tmp_path, fmt)
+    cache = tmp_path / "cache"
+    stream = ShardStream(
+        out,
+        decode="bytes",
+        transform=crc_of,
+        shuffle=False,
+        rank=0,
+        world_size=1,
+        cache_dir=cache,
+        cache_limit="1GiB",
+    )
+    assert stream.dataset.root.parent == cache
+    loader = paddle.io.DataLoader(stream, batch_size=4, num_workers=2)
+    got = sorted(
+        (int(crc), int(label))
+        for crcs, labels in loader
+        for crc, label in zip(crcs.numpy().ravel(), labels.numpy().ravel(), strict=True)
+    )
+    assert got == sorted((zlib.crc32(data), label) for data, label in samples(out))
+    with pytest.raises(ValueError, match="cache_dir= needs a dataset path"):
+        ShardStream(open_dataset(out), cache_dir=cache)
