@@ -30,7 +30,9 @@ from packer.labels import plan_labels
 from packer.plan import (
     MERGING_NAME,
     PLAN_NAME,
+    OutputDiffersError,
     ShardPlan,
+    complete_differences,
     load_plan_digest,
     plan_digest,
     plan_shards,
@@ -55,12 +57,19 @@ class BuildSummary:
     shards: int = 0
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    already_complete: bool = False  # --resume found OUT finished, from the same plan
 
     @property
     def images_per_second(self) -> float:
         return self.packed / self.seconds if self.seconds > 0 else 0.0
 
     def line(self) -> str:
+        if self.already_complete:
+            return (
+                f"{self.out} is already complete ({self.packed} images in {self.shards} "
+                f"shard{'s' if self.shards != 1 else ''}, skipped {self.skipped}), built from "
+                "the same sources and options: nothing to do"
+            )
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.reasons.items()))
         skipped = f"skipped {self.skipped}"
         if reasons:
@@ -144,6 +153,36 @@ def run_engine(
         from packer.engines.local import run_local
 
         run_local(cfg, tmp, entries, shards, finished, started=started)
+
+
+def _already_complete(
+    cfg: BuildConfig, digest: str, entries: list[Entry], started: float
+) -> BuildSummary:
+    """``--resume`` of an OUT that exists: fine when it was built from the same plan.
+
+    Raises:
+        OutputDiffersError: OUT was built from other sources or with other options.
+        OutputExistsError: OUT is not a finished dataset (no readable meta.json).
+    """
+    try:
+        with open(cfg.out / META_NAME, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError):
+        raise OutputExistsError(str(cfg.out)) from None
+    differences = complete_differences(cfg.out, meta, digest, _output_options(cfg), entries)
+    if differences:
+        raise OutputDiffersError(str(cfg.out), differences)
+    return BuildSummary(
+        out=cfg.out,
+        packed=int(meta.get("num_samples", 0)),
+        skipped=int(meta.get("num_errors", 0)),
+        bytes=int(meta.get("payload_bytes", 0)),
+        shards=int(meta.get("num_shards", 0)),
+        seconds=time.perf_counter() - started,
+        already_complete=True,
+    )
 
 
 def _prepare_build_dir(
@@ -233,7 +272,8 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
     started = time.perf_counter()
     say = log or (lambda msg: print(msg, file=sys.stderr))
     out = cfg.out
-    if (out.exists() or out.is_symlink()) and not cfg.overwrite:
+    out_exists = out.exists() or out.is_symlink()
+    if out_exists and not cfg.overwrite and not cfg.resume:
         raise OutputExistsError(str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_for(out)
@@ -252,6 +292,8 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
     sizes = source_sizes(plan.entries)
     shards = plan_shards(sizes, cfg.shard_size)
     digest = plan_digest(plan.entries, sizes, _output_options(cfg))
+    if out_exists and not cfg.overwrite:  # --resume of a build that finished
+        return _already_complete(cfg, digest, plan.entries, started)
     finished = _prepare_build_dir(cfg, tmp, digest, say)
     save_plan(tmp, digest, shards)
 
@@ -295,6 +337,7 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
             "index_sha256": merged.index_sha256,
             "index_fingerprint": fingerprint(tmp / "index.jsonl"),
             "writer": shard_cls.describe(),
+            "plan_digest": digest,  # what --resume of a finished OUT compares
         }
         for name in (PLAN_NAME, MERGING_NAME):
             (tmp / name).unlink(missing_ok=True)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.errors import PackerError
 from packer.records import Entry
+from readers.formats.layout import ERRORS_NAME, INDEX_NAME
 
 PLAN_NAME = "plan.json"
 MERGING_NAME = "merging"
@@ -86,3 +88,76 @@ def load_plan_digest(root: Path) -> str | None:
             return str(json.load(f)["digest"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _json_value(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _recorded_paths(out: Path) -> set[str] | None:
+    """The source paths a finished dataset accounts for: packed (index) or skipped (errors)."""
+    paths: set[str] = set()
+    try:
+        for name in (INDEX_NAME, ERRORS_NAME):
+            with open(out / name, encoding="utf-8") as f:
+                paths.update(str(json.loads(line)["path"]) for line in f if line.strip())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return paths
+
+
+def _some(paths: set[str]) -> str:
+    shown = ", ".join(sorted(paths)[:3])
+    return shown + (", ..." if len(paths) > 3 else "")
+
+
+def complete_differences(
+    out: Path, meta: dict[str, Any], digest: str, options: dict[str, Any], entries: list[Entry]
+) -> list[str]:
+    """How a finished dataset `out` (its meta.json: `meta`) differs from the build planned
+    now (plan `digest`, output `options`, label-plan `entries`); empty when it is the same.
+
+    Each difference is a phrase a user can act on: the option, its value in OUT and now;
+    or which source files were added or removed; or that sources changed in size or label.
+    """
+    if meta.get("plan_digest") == digest:
+        return []
+    old_options = dict(meta.get("options") or {})
+    new_options = _json_value(options)
+    differences = [
+        f"--{key.replace('_', '-')} is {old_options.get(key, '(not recorded)')!r} in OUT, "
+        f"{new_options.get(key)!r} now"
+        for key in sorted(set(old_options) | set(new_options))
+        if key in new_options and old_options.get(key) != new_options.get(key)
+    ]
+    if differences:
+        return differences
+    if "plan_digest" not in meta:
+        return ["OUT records no plan digest (it was built by an older packer)"]
+    recorded = _recorded_paths(out)
+    if recorded is not None:
+        now = {e.file.rel for e in entries}
+        if now - recorded:
+            differences.append(
+                f"the sources changed: {len(now - recorded)} file(s) added "
+                f"({_some(now - recorded)})"
+            )
+        if recorded - now:
+            differences.append(
+                f"the sources changed: {len(recorded - now)} file(s) removed "
+                f"({_some(recorded - now)})"
+            )
+    return differences or ["the sources changed: files were modified (their sizes) or relabelled"]
+
+
+class OutputDiffersError(PackerError):
+    """``--resume`` on a finished OUT that was built from another plan or other options."""
+
+    def __init__(self, out: str, differences: list[str]) -> None:
+        super().__init__(
+            f"{out} is already complete, but not as this build would make it: "
+            + "; ".join(differences)
+            + ". Use --overwrite to rebuild it, or another OUT"
+        )
+        self.out = out
+        self.differences = differences
