@@ -219,8 +219,13 @@ class ChunkShuffleSampler:
         due = -1
         for s in range(0, p.ids.size, piece):
             stop = min(s + piece, p.ids.size)
+            if hints is None:
+                for j, idx in enumerate(p.ids[s:stop].tolist(), s):
+                    p.done = j + 1
+                    yield idx
+                continue
             for j, idx in enumerate(p.ids[s:stop].tolist(), s):
-                if hints is not None and (j >= due >= 0 or j == 0):
+                if j >= due >= 0 or j == 0:
                     hints.until(j + 1 + ahead)
                     due = hints.due(ahead)
                 p.done = j + 1
