@@ -1,15 +1,19 @@
-"""Fixtures that write small real PNG/JPEG trees into tmp_path."""
+"""Fixtures that write small real PNG/JPEG trees into tmp_path, and pack them in every
+registered format."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 
 from readers import handles
+from readers.formats import FORMATS
 
 
 def encode(image: np.ndarray, ext: str) -> bytes:
@@ -57,3 +61,49 @@ def tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     src = tmp_path / "src"
     files = write_tree(src, {"cat": 4, "dog": 5, "eel": 2})
     return src, files
+
+
+# --------------------------------------------------------------------------------------------
+# A packed dataset of every registered format: tests that take `packed` (or `packed_raw`)
+# run once per format in readers.formats.REGISTRY, so a new format is tested on registering it.
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A dataset built from the `tree` fixture: where, in which format, from which files."""
+
+    path: Path
+    format: str
+    files: dict[str, bytes]
+
+
+def build_packed(src: Path, out: Path, fmt: str, **options: Any) -> Path:
+    """``packer build SRC OUT --format fmt`` with BuildConfig `options`; returns OUT."""
+    from packer.build import build
+    from packer.config import BuildConfig
+
+    build(BuildConfig(src=src, out=out, format=fmt, **options))
+    return out
+
+
+@pytest.fixture(params=FORMATS)
+def fmt(request: pytest.FixtureRequest) -> str:
+    """Each registered format's name in turn."""
+    return str(request.param)
+
+
+@pytest.fixture
+def packed(tree: tuple[Path, dict[str, bytes]], tmp_path: Path, fmt: str) -> Packed:
+    """The `tree` fixture packed in each registered format (one shard, original bytes)."""
+    src, files = tree
+    return Packed(build_packed(src, tmp_path / f"out.{fmt}", fmt), fmt, files)
+
+
+@pytest.fixture
+def packed_raw(tree: tuple[Path, dict[str, bytes]], tmp_path: Path, fmt: str) -> Packed:
+    """The `tree` fixture packed with ``--encode raw`` (decoded pixels) in each format."""
+    from packer.transform import Transform
+
+    src, files = tree
+    out = build_packed(src, tmp_path / f"raw.{fmt}", fmt, transform=Transform(encode="raw"))
+    return Packed(out, fmt, files)

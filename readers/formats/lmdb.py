@@ -97,7 +97,7 @@ class LmdbFormat(ShardFormat):
     name = "lmdb"
     title = "LMDB"
     summary = "PaddleOCR key layout, one LMDB environment per shard"
-    bare_hint = f"a bare LMDB in the PaddleOCR layout ({DATA_FILE})"
+    bare_hint = f"an LMDB ({DATA_FILE})"
     dataset = "readers.datasets.lmdb:LmdbDataset"
 
     def shard_path(self, root: Path, shard: str) -> str:

@@ -1,25 +1,96 @@
-"""packer verify: intact datasets pass; each kind of damage is reported with shard and sample."""
+"""packer verify: intact datasets pass; each kind of damage is reported with shard and sample.
+
+Tests taking `packed` / `packed_raw` (tests/conftest.py) run on every registered format; the
+LMDB-specific ones (keys, num-samples, stored labels) use `lmdb_out`."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import cv2
 import lmdb
+import numpy as np
 import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
 from packer.verify import verify
-from readers import handles
+from readers import handles, open_dataset
+from readers.formats import REGISTRY
+from readers.meta import load_meta
+from tests.conftest import Packed
 from tests.readers.test_lmdb_dataset import write_bare_lmdb
 
 
 @pytest.fixture
-def packed(tree, tmp_path):
+def lmdb_out(tree, tmp_path):
     src, files = tree
     out = tmp_path / "out.lmdb"
-    build(BuildConfig(src=src, out=out))
+    build(BuildConfig(src=src, out=out, format="lmdb"))
     return out, files
+
+
+def flip_stored_byte(root: Path, sample: int, at: int) -> None:
+    """Flip byte `at` of sample `sample`'s stored bytes where its shard file holds them."""
+    stored = open_dataset(root, decode="bytes").read_bytes(sample)
+    handles.close_all()
+    meta = load_meta(root)
+    fmt = REGISTRY[meta["format"]]
+    shard = next(s for s in meta["shards"] if s["first"] <= sample < s["first"] + s["count"])
+    data = Path(fmt.data_file(fmt.shard_path(root, shard["name"])))
+    blob = bytearray(data.read_bytes())
+    where = bytes(blob).find(stored)
+    assert where >= 0
+    assert bytes(blob).find(stored, where + 1) < 0  # found where it is, not elsewhere
+    blob[where + at] ^= 0x01
+    data.write_bytes(bytes(blob))
+
+
+def test_intact_dataset_passes_shallow_and_deep(packed: Packed) -> None:
+    assert verify(packed.path) == []
+    assert verify(packed.path, deep=True) == []
+
+
+def test_flipped_byte_is_reported(packed: Packed) -> None:
+    flip_stored_byte(packed.path, 6, 100)
+    problems = verify(packed.path)
+    assert len(problems) == 1
+    assert re.match(r"shard-00000 sample 6 \(.*, dog/img_002\.png\): CRC-32", problems[0])
+
+
+def test_raw_dataset_passes_deep(packed_raw: Packed) -> None:
+    # raw pixels are not an image file: --deep decodes them as readers do (decode_sample)
+    assert verify(packed_raw.path) == []
+    assert verify(packed_raw.path, deep=True) == []
+    # and the pixels are the source's (PNG sources: lossless), gray ones included
+    ds = open_dataset(packed_raw.path)
+    names = sorted(packed_raw.files)
+    pngs = [i for i, name in enumerate(names) if name.endswith(".png")]
+    assert any(name.startswith("dog/img_004") for name in names)  # a gray PNG
+    for i in pngs:
+        source = cv2.imdecode(np.frombuffer(packed_raw.files[names[i]], np.uint8), cv2.IMREAD_COLOR)
+        assert np.array_equal(ds[i][0], cv2.cvtColor(source, cv2.COLOR_BGR2RGB)), names[i]
+
+
+def test_raw_dataset_damage_is_reported(packed_raw: Packed) -> None:
+    flip_stored_byte(packed_raw.path, 3, 5)
+    for deep in (False, True):
+        problems = verify(packed_raw.path, deep=deep)
+        assert len(problems) == 1, problems
+        assert re.match(r"shard-00000 sample 3 \(.*, cat/img_003\.jpg\): CRC-32", problems[0])
+
+
+def test_raw_dataset_with_wrong_dimensions_does_not_decode(packed_raw: Packed) -> None:
+    rows = (packed_raw.path / "index.jsonl").read_text().splitlines()
+    row = json.loads(rows[2])
+    row["height"] += 1
+    rows[2] = json.dumps(row)
+    (packed_raw.path / "index.jsonl").write_text("\n".join(rows) + "\n")
+    problems = verify(packed_raw.path, deep=True)
+    assert any("index.jsonl: SHA-256 differs" in p for p in problems)
+    assert any(re.match(r"shard-00000 sample 2 .*: does not decode", p) for p in problems)
 
 
 def rewrite(out, fn):
@@ -30,28 +101,8 @@ def rewrite(out, fn):
     env.close()
 
 
-def test_intact_dataset_passes_shallow_and_deep(packed):
-    out, _ = packed
-    assert verify(out) == []
-    assert verify(out, deep=True) == []
-
-
-def test_flipped_byte_is_reported(packed):
-    out, files = packed
-    data = out / "shard-00000" / "data.mdb"
-    blob = bytearray(data.read_bytes())
-    target = files["dog/img_002.png"]
-    at = bytes(blob).find(target)
-    assert at > 0
-    blob[at + 100] ^= 0x01
-    data.write_bytes(bytes(blob))
-    problems = verify(out)
-    assert len(problems) == 1
-    assert problems[0].startswith("shard-00000 sample 6 (image-000000007, dog/img_002.png): CRC-32")
-
-
-def test_missing_key_is_reported(packed):
-    out, _ = packed
+def test_missing_key_is_reported(lmdb_out):
+    out, _ = lmdb_out
     rewrite(out, lambda txn: txn.delete(b"image-000000003"))
     problems = verify(out)
     assert "shard-00000 sample 2 (image-000000003, cat/img_002.png): the image key is missing" in (
@@ -60,14 +111,14 @@ def test_missing_key_is_reported(packed):
     assert any("holds 22 keys, expected 23" in p for p in problems)
 
 
-def test_wrong_num_samples_is_reported(packed):
-    out, _ = packed
+def test_wrong_num_samples_is_reported(lmdb_out):
+    out, _ = lmdb_out
     rewrite(out, lambda txn: txn.put(b"num-samples", b"10"))
     assert verify(out) == ["shard-00000: num-samples is '10', expected 11 (meta.json)"]
 
 
-def test_wrong_label_and_edited_index(packed):
-    out, _ = packed
+def test_wrong_label_and_edited_index(lmdb_out):
+    out, _ = lmdb_out
     rewrite(out, lambda txn: txn.put(b"label-000000001", b"2"))
     problems = verify(out)
     assert len(problems) == 1
@@ -83,8 +134,8 @@ def test_wrong_label_and_edited_index(packed):
     assert any(p.startswith("shard-00000 sample 4 ") and "the index says" in p for p in deep)
 
 
-def test_missing_shard_and_meta(packed, tmp_path):
-    out, _ = packed
+def test_missing_shard_and_meta(lmdb_out, tmp_path):
+    out, _ = lmdb_out
     (out / "shard-00000" / "data.mdb").unlink()
     problems = verify(out)
     assert problems[0].startswith("shard-00000: cannot open")

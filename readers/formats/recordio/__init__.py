@@ -101,7 +101,7 @@ class RecordIOFormat(ShardFormat):
     name = "recordio"
     title = "RecordIO"
     summary = "MXNet/dmlc .rec/.idx shards of MXNet image records"
-    bare_hint = f"a bare MXNet {REC_SUFFIX} file (with its {IDX_SUFFIX})"
+    bare_hint = f"a RecordIO file ({REC_SUFFIX} with its {IDX_SUFFIX})"
     dataset = "readers.datasets.recordio:RecordIODataset"
     offsets_locate_records = True
 

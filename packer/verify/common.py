@@ -1,0 +1,138 @@
+"""What ``packer verify`` checks the same way in every format: meta.json and its shard
+table, errors.jsonl, index.jsonl line by line (ids, shard, SHA-256), and decoding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from readers.decode import decode_sample
+from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME
+
+Report = Callable[[str], None]
+"""Called once per problem found, with the line ``packer verify`` prints."""
+
+Rows = Iterator[tuple[int, dict[str, Any]]]
+"""``(shard number, index row)`` for each well-formed index line, in id order."""
+
+MAX_LISTED = 20
+"""Problems of one kind listed one by one before they are counted instead."""
+
+
+def read_index(root: Path, meta: dict[str, Any]) -> Iterator[str | dict[str, Any]]:
+    """The index rows, or problem lines where a row is malformed."""
+    path = root / INDEX_NAME
+    digest = hashlib.sha256()
+    count = 0
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        yield f"{INDEX_NAME}: cannot read ({exc})"
+        return
+    with f:
+        for n, raw in enumerate(f):
+            digest.update(raw)
+            count += 1
+            if not raw.endswith(b"\n"):
+                yield f"{INDEX_NAME}:{n + 1}: the last line is cut short (torn write?)"
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError as exc:
+                yield f"{INDEX_NAME}:{n + 1}: not JSON ({exc})"
+                continue
+            if not isinstance(row, dict) or row.get("id") != n:
+                got = row.get("id") if isinstance(row, dict) else row
+                yield f"{INDEX_NAME}:{n + 1}: id is {got}, expected {n}"
+                continue
+            yield row
+    if count != meta.get("num_samples"):
+        yield f"{INDEX_NAME}: {count} lines but {META_NAME} says {meta.get('num_samples')}"
+    recorded = meta.get("index_sha256")
+    if recorded and recorded != digest.hexdigest():
+        yield f"{INDEX_NAME}: SHA-256 differs from the one recorded in {META_NAME} (edited?)"
+
+
+def check_shard_table(root: Path, meta: dict[str, Any], report: Report) -> list[int]:
+    """Check the shard table against num_samples and that errors.jsonl exists; return the
+    shard bounds (shard s holds ids ``bounds[s]..bounds[s+1]-1``)."""
+    bounds = [0]
+    for n, info in enumerate(meta["shards"]):
+        if int(info["first"]) != bounds[-1]:
+            report(f"{META_NAME}: shard {n} starts at id {info['first']}, expected {bounds[-1]}")
+        bounds.append(int(info["first"]) + int(info["count"]))
+    if bounds[-1] != meta["num_samples"]:
+        report(
+            f"{META_NAME}: shards hold {bounds[-1]} samples, num_samples is {meta['num_samples']}"
+        )
+    if not (root / ERRORS_NAME).exists():
+        report(f"{ERRORS_NAME}: missing")
+    return bounds
+
+
+def shard_rows(root: Path, meta: dict[str, Any], bounds: list[int], report: Report) -> Rows:
+    """The well-formed index rows with the shard the shard table puts them in; malformed rows
+    and rows in the wrong shard are reported and left out."""
+    for row in read_index(root, meta):
+        if isinstance(row, str):
+            report(row)
+            continue
+        i = row["id"]
+        shard = int(np.searchsorted(bounds, i, side="right")) - 1
+        if shard != row.get("shard") or shard >= len(meta["shards"]):
+            report(f"sample {i}: index says shard {row.get('shard')}, the shard table says {shard}")
+            continue
+        yield shard, row
+
+
+def check_stored(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
+    """The stored bytes of a sample have the size and CRC-32 its index row gives."""
+    if len(data) != row.get("nbytes"):
+        report(f"{where}: {len(data)} bytes stored, the index says {row.get('nbytes')}")
+    crc = zlib.crc32(data)
+    if crc != row.get("crc32"):
+        report(
+            f"{where}: CRC-32 of the stored bytes is {crc:08x}, the index says "
+            f"{int(row.get('crc32') or 0):08x}"
+        )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def decoded_dims(data: bytes, row: dict[str, Any] | None = None) -> tuple[int, int, int] | None:
+    """``(width, height, channels)`` of the stored bytes decoded the way readers decode them
+    (raw pixels by the index row's dimensions), or None when they do not decode."""
+    row = row or {}
+    try:
+        image = decode_sample(
+            data,
+            "unchanged",
+            stored=str(row.get("format") or ""),
+            height=_int(row.get("height")),
+            width=_int(row.get("width")),
+            channels=_int(row.get("channels")),
+        )
+    except (ValueError, cv2.error):
+        return None
+    return int(image.shape[1]), int(image.shape[0]), int(image.shape[2])
+
+
+def check_decode(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
+    """The stored bytes decode (``--deep``), to the size the index row gives."""
+    dims = decoded_dims(data, row)
+    if dims is None:
+        report(f"{where}: does not decode")
+    elif dims != (row.get("width"), row.get("height"), row.get("channels")):
+        report(
+            f"{where}: decodes to {dims[0]}x{dims[1]}x{dims[2]}, the index says "
+            f"{row.get('width')}x{row.get('height')}x{row.get('channels')}"
+        )

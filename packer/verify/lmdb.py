@@ -1,0 +1,155 @@
+"""``packer verify`` checks of LMDB shards: num-samples, keys, labels as stored, and a bare
+LMDB in the PaddleOCR layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packer.verify.common import Report, Rows, check_decode, check_stored, decoded_dims
+from readers.formats.layout import META_NAME
+from readers.formats.lmdb import (
+    DATA_FILE,
+    NUM_SAMPLES_KEY,
+    encode_label,
+    image_key,
+    label_key,
+    shared_lmdb,
+)
+
+
+class _Shards:
+    """Opens each LMDB shard once for the check."""
+
+    def __init__(self, root: Path, meta: dict[str, Any], report: Report) -> None:
+        self.root = root
+        self.meta = meta
+        self.report = report
+        self.envs: dict[int, Any] = {}
+        self.txns: dict[int, Any] = {}
+
+    def txn(self, shard: int) -> Any:
+        if shard not in self.txns:
+            name = self.meta["shards"][shard]["name"]
+            path = self.root / name
+            try:
+                if not (path / DATA_FILE).exists():
+                    raise FileNotFoundError(f"{path / DATA_FILE} is missing")
+                env = shared_lmdb(str(path))
+            except Exception as exc:
+                self.report(f"{name}: cannot open ({exc})")
+                self.txns[shard] = None
+                return None
+            self.envs[shard] = env
+            self.txns[shard] = env.begin(buffers=True)
+        return self.txns[shard]
+
+    def close(self) -> None:
+        for txn in self.txns.values():
+            if txn is not None:
+                txn.abort()
+
+
+def _check_shard_counts(shards: _Shards, report: Report) -> None:
+    for number, info in enumerate(shards.meta["shards"]):
+        txn = shards.txn(number)
+        if txn is None:
+            continue
+        raw = txn.get(NUM_SAMPLES_KEY)
+        if raw is None:
+            report(f"{info['name']}: the num-samples key is missing")
+        elif bytes(raw) != str(info["count"]).encode():
+            report(
+                f"{info['name']}: num-samples is {bytes(raw).decode(errors='replace')!r}, "
+                f"expected {info['count']} ({META_NAME})"
+            )
+        entries = shards.envs[number].stat()["entries"]
+        if entries != 2 * int(info["count"]) + 1:
+            report(
+                f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "
+                "(an image and a label per sample, and num-samples)"
+            )
+
+
+def verify_packed(
+    root: Path, meta: dict[str, Any], rows: Rows, *, deep: bool, report: Report
+) -> None:
+    """Check the LMDB shards of a packed dataset against its index rows."""
+    shards = _Shards(root, meta, report)
+    try:
+        _check_shard_counts(shards, report)
+        for shard, row in rows:
+            _check_row(shard, row, meta, shards, deep=deep, report=report)
+    finally:
+        shards.close()
+
+
+def _check_row(
+    shard: int,
+    row: dict[str, Any],
+    meta: dict[str, Any],
+    shards: _Shards,
+    *,
+    deep: bool,
+    report: Report,
+) -> None:
+    i = row["id"]
+    name = meta["shards"][shard]["name"]
+    local = i - int(meta["shards"][shard]["first"]) + 1
+    key = image_key(local)
+    where = f"{name} sample {i} ({key.decode()}, {row.get('path')})"
+    if row.get("key") != key.decode():
+        report(f"{where}: index key is {row.get('key')!r}")
+    txn = shards.txn(shard)
+    if txn is None:
+        return
+    data = txn.get(key)
+    if data is None:
+        report(f"{where}: the image key is missing")
+        return
+    data = bytes(data)
+    check_stored(where, data, row, report)
+    stored_label = txn.get(label_key(local))
+    if stored_label is None:
+        report(f"{where}: the label key {label_key(local).decode()} is missing")
+    elif bytes(stored_label) != encode_label(row.get("label")):
+        report(
+            f"{where}: stored label {bytes(stored_label)[:60]!r} differs from the index "
+            f"label {row.get('label')!r}"
+        )
+    if deep:
+        check_decode(where, data, row, report)
+
+
+def verify_bare(root: Path, *, deep: bool, report: Report) -> None:
+    """Check a bare LMDB in the PaddleOCR layout: num-samples, every key, decodability."""
+    try:
+        env = shared_lmdb(str(root))
+    except Exception as exc:
+        report(f"{root}: cannot open as LMDB ({exc})")
+        return
+    with env.begin(buffers=True) as txn:
+        raw = txn.get(NUM_SAMPLES_KEY)
+        if raw is None:
+            report(f"{root}: no num-samples key (not the PaddleOCR layout)")
+            return
+        try:
+            count = int(bytes(raw))
+        except ValueError:
+            report(f"{root}: num-samples is {bytes(raw)[:40]!r}, not a number")
+            return
+        for local in range(1, count + 1):
+            data = txn.get(image_key(local))
+            where = f"{root.name} sample {local - 1} ({image_key(local).decode()})"
+            if data is None:
+                report(f"{where}: the image key is missing")
+                continue
+            if txn.get(label_key(local)) is None:
+                report(f"{where}: the label key {label_key(local).decode()} is missing")
+            if deep and decoded_dims(bytes(data)) is None:
+                report(f"{where}: does not decode")
+        if env.stat()["entries"] > 2 * count + 1:
+            report(
+                f"{root}: holds {env.stat()['entries']} keys, more than num-samples "
+                f"{count} accounts for"
+            )
