@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -77,8 +78,7 @@ from readers.resume import (
 )
 from readers.samplers import DEFAULT_CHUNK_SIZE, DEFAULT_WINDOW, check_rank
 from readers.selection import SizedDataset, dataset_bounds
-from readers.staging import stage
-from readers.stream_reader import StreamSource
+from readers.stream_reader import finish_item, open_source, serve
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -156,16 +156,15 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        if cache_dir is not None:  # read a node-local copy (readers.staging)
-            if not isinstance(source, str | os.PathLike):
-                raise ValueError("cache_dir= needs a dataset path; give the dataset cache_dir=")
-            source = stage(source, cache_dir, cache_limit=cache_limit)
         check_nonneg("chunk_size", chunk_size, 1)
         check_nonneg("shuffle_buffer", shuffle_buffer, 1)
         check_nonneg("seed", seed)
         self._rank, self._world_size = check_rank(rank, world_size)
-        self._source = StreamSource(source, decode=decode, transform=transform)
-        self._bounds = dataset_bounds(self._source.dataset)
+        src = open_source(
+            source, decode=decode, transform=transform, cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        self.dataset, self.decode, self.transform = src.dataset, src.decode, src.transform
+        self._bounds = dataset_bounds(self.dataset)
         self._chunk_size = int(chunk_size)
         self._shuffle = bool(shuffle)
         self._buffer = int(shuffle_buffer) if shuffle else 1
@@ -177,19 +176,6 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         self._fingerprint: int | None = None
 
     # ------------------------------------------------------------------ properties
-    @property
-    def dataset(self) -> Any:
-        """The dataset the stream reads (a copy reading stored bytes, for a packed one)."""
-        return self._source.dataset
-
-    @property
-    def decode(self) -> str | None:
-        return self._source.decode
-
-    @property
-    def transform(self) -> Callable[[Any], Any] | None:
-        return self._source.transform
-
     @property
     def epoch(self) -> int:
         return self._epoch
@@ -295,7 +281,10 @@ class ShardStream(paddle.io.IterableDataset[Any]):
             logical, skip = resume.worker(worker, num_workers)
         ids, order = self._worker_plan(epoch, logical, num_workers)
         lo, _ = chunk_ranges(self._bounds, chunk_size=self._chunk_size)
-        yield from self._source.serve(ids, order, skip, buffer=self._buffer, chunk_lo=lo)
+        finish = partial(finish_item, self.dataset, decode=self.decode, transform=self.transform)
+        yield from serve(
+            self.dataset, ids, order, skip, buffer=self._buffer, chunk_lo=lo, finish=finish
+        )
 
     # ------------------------------------------------------------------ resume
     def _params(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,99 +16,131 @@ from readers.decode import check_mode, decode_sample
 from readers.errors import RecordError
 from readers.order import IntArray, sequential_runs
 
-__all__ = ["RunReader", "StreamSource"]
+__all__ = ["RunReader", "StreamSource", "finish_item", "open_source", "serve"]
 
 
+@dataclass(frozen=True)
 class StreamSource:
-    """The dataset a stream reads, and how its items are finished (decoded, transformed).
+    """What a stream reads: the dataset, whether it is packed, and how items are finished."""
+
+    dataset: Any
+    decode: str | None  # None: not a packed dataset, items pass through
+    transform: Callable[[Any], Any] | None
+
+
+def open_source(
+    source: Any,
+    *,
+    decode: str | None,
+    transform: Callable[[Any], Any] | None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+) -> StreamSource:
+    """The dataset a stream reads from ``source``, with the decode mode and transform to use.
 
     A dataset directory is opened with ``readers.open_dataset`` reading stored bytes. A packed
     dataset object (one with ``decode`` and ``transform`` attributes) is read as stored bytes
     from a shallow copy (``copy.copy`` goes through ``__getstate__``, so the copy starts
-    without the original's handles) and decoded here; any other is read with ``ds[i]`` and its
-    items pass through untouched.
+    without the original's handles), and its own decode and transform are the defaults; any
+    other is read with ``ds[i]`` and its items pass through untouched (``decode`` None). With
+    ``cache_dir`` a dataset directory is read from its node-local copy (``readers.staging``).
     """
+    if decode is not None:
+        check_mode(decode)
+    if cache_dir is not None:
+        if not isinstance(source, str | os.PathLike):
+            raise ValueError("cache_dir= needs a dataset path; give the dataset cache_dir=")
+        from readers.staging import stage
 
-    def __init__(
-        self,
-        source: Any,
-        *,
-        decode: str | None,
-        transform: Callable[[Any], Any] | None,
-    ) -> None:
-        if decode is not None:
-            check_mode(decode)
-        dataset: Any = source
-        opened = False
-        if isinstance(source, str | os.PathLike):
-            from readers.datasets import open_dataset
+        source = stage(source, cache_dir, cache_limit=cache_limit)
+    dataset: Any = source
+    opened = False
+    if isinstance(source, str | os.PathLike):
+        from readers.datasets import open_dataset
 
-            dataset, opened = open_dataset(source, decode="bytes"), True
-            decode = "rgb" if decode is None else decode
-        self.packed = hasattr(dataset, "decode") and hasattr(dataset, "transform")
-        if self.packed and not opened:
-            decode = dataset.decode if decode is None else decode
-            transform = dataset.transform if transform is None else transform
-            dataset = copy.copy(dataset)
-            dataset.decode = "bytes"
-            dataset.transform = None
-        elif not self.packed and (decode is not None or transform is not None):
-            raise ValueError(
-                f"decode= and transform= apply to packed datasets (with .decode and "
-                f".transform); {type(dataset).__name__} has neither, so its items are yielded "
-                "as they are: decode and transform in the dataset instead"
-            )
-        self.dataset = dataset
-        self.decode = decode
-        self.transform = transform
+        dataset, opened = open_dataset(source, decode="bytes"), True
+        decode = "rgb" if decode is None else decode
+    packed = hasattr(dataset, "decode") and hasattr(dataset, "transform")
+    if packed and not opened:
+        decode = dataset.decode if decode is None else decode
+        transform = dataset.transform if transform is None else transform
+        dataset = copy.copy(dataset)
+        dataset.decode = "bytes"
+        dataset.transform = None
+    elif not packed and (decode is not None or transform is not None):
+        raise ValueError(
+            f"decode= and transform= apply to packed datasets (with .decode and "
+            f".transform); {type(dataset).__name__} has neither, so its items are yielded "
+            "as they are: decode and transform in the dataset instead"
+        )
+    return StreamSource(dataset, decode, transform)
 
-    def finish(self, i: int, item: Any) -> Any:
-        """The item of sample ``i`` from its stored record: decoded and transformed."""
-        if not self.packed:
-            return item
-        image, label = item
-        if self.decode != "bytes":
-            # the dataset knows how its samples are stored (raw pixels need the index's
-            # dimensions); a packed dataset without decode_stored stores encoded images
-            decode_stored = getattr(self.dataset, "decode_stored", None)
-            try:
-                if callable(decode_stored):
-                    image = decode_stored(image, i, str(self.decode))
-                else:
-                    image = decode_sample(image, str(self.decode))
-            except ValueError as exc:
-                raise RecordError(
-                    f"{getattr(self.dataset, 'root', type(self.dataset).__name__)} sample {i}: "
-                    f"cannot decode ({exc})"
-                ) from exc
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, label
 
-    def serve(
-        self, ids: IntArray, order: IntArray, skip: int, *, buffer: int, chunk_lo: IntArray
-    ) -> Iterator[Any]:
-        """Read ``ids`` in order, emit them in ``order`` from ``skip`` on, holding at most
-        ``buffer`` records (the bound ``order[o] < o + buffer`` of ``buffer_order``)."""
-        m = ids.size
-        reader = RunReader(self.dataset, ids, chunk_lo)
-        held: dict[int, Any] = {}
-        nxt = 0
-        if skip:
-            # Replay the buffer on positions: what it holds after `skip` outputs is every
-            # input read by then that was not emitted yet.
-            nxt = min(skip + buffer, m)
-            pending = np.ones(nxt, dtype=np.bool_)
-            pending[order[:skip]] = False
-            for p in np.flatnonzero(pending).tolist():
-                held[p] = reader.read(p)
-        for o in range(skip, m):
-            stop = min(o + buffer, m)
-            while nxt < stop:
-                held[nxt] = reader.read(nxt)
-                nxt += 1
-            p = int(order[o])
-            yield self.finish(int(ids[p]), held.pop(p))
+def finish_item(
+    dataset: Any,
+    i: int,
+    item: Any,
+    *,
+    decode: str | None,
+    transform: Callable[[Any], Any] | None,
+) -> Any:
+    """``(image, label)`` of sample ``i`` from its stored record: decoded and transformed.
+
+    The dataset knows how its samples are stored (raw pixels need the index's dimensions), so
+    its ``decode_stored`` decodes; a packed dataset without one stores encoded images.
+    ``decode`` None (a dataset that is not packed) returns ``item`` as it is.
+    """
+    if decode is None:
+        return item
+    image, label = item
+    if decode != "bytes":
+        decode_stored = getattr(dataset, "decode_stored", None)
+        try:
+            if callable(decode_stored):
+                image = decode_stored(image, i, decode)
+            else:
+                image = decode_sample(image, decode)
+        except ValueError as exc:
+            raise RecordError(
+                f"{getattr(dataset, 'root', type(dataset).__name__)} sample {i}: "
+                f"cannot decode ({exc})"
+            ) from exc
+    if transform is not None:
+        image = transform(image)
+    return image, label
+
+
+def serve(
+    dataset: Any,
+    ids: IntArray,
+    order: IntArray,
+    skip: int,
+    *,
+    buffer: int,
+    chunk_lo: IntArray,
+    finish: Callable[[int, Any], Any],
+) -> Iterator[Any]:
+    """Read ``ids`` in order, emit ``finish(id, item)`` in ``order`` from ``skip`` on, holding
+    at most ``buffer`` records (the bound ``order[o] < o + buffer`` of ``buffer_order``)."""
+    m = ids.size
+    reader = RunReader(dataset, ids, chunk_lo)
+    held: dict[int, Any] = {}
+    nxt = 0
+    if skip:
+        # Replay the buffer on positions: what it holds after `skip` outputs is every input
+        # read by then that was not emitted yet.
+        nxt = min(skip + buffer, m)
+        pending = np.ones(nxt, dtype=np.bool_)
+        pending[order[:skip]] = False
+        for p in np.flatnonzero(pending).tolist():
+            held[p] = reader.read(p)
+    for o in range(skip, m):
+        stop = min(o + buffer, m)
+        while nxt < stop:
+            held[nxt] = reader.read(nxt)
+            nxt += 1
+        p = int(order[o])
+        yield finish(int(ids[p]), held.pop(p))
 
 
 class RunReader:
