@@ -14,17 +14,29 @@ from packer.errors import ConfigError, PackerError
 from packer.stage import stage_command
 from readers import _paddle
 from readers.errors import ReaderError
+from readers.formats import FORMATS, REGISTRY
+
+_TITLES = "/".join(fmt.title for fmt in REGISTRY.values())
+_FORMAT_HELP = "; ".join(f"{fmt.name}: {fmt.summary}" for fmt in REGISTRY.values()) + "."
+_BARE_HELP = ", ".join(fmt.bare_hint for fmt in REGISTRY.values())
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Pack image folders into LMDB/RecordIO shards for fast PaddlePaddle training.",
+    help=f"Pack image folders into {_TITLES} shards for fast PaddlePaddle training.",
 )
 
 
 def _fail(exc: Exception) -> typer.Exit:
     typer.echo(f"packer: error: {exc}", err=True)
     return typer.Exit(2)
+
+
+def _format(value: str) -> str:
+    """Refuse a --format that is not registered, before anything runs."""
+    if value not in REGISTRY:
+        raise typer.BadParameter(f"--format {value!r}: expected one of {', '.join(FORMATS)}")
+    return value
 
 
 def _transform(
@@ -46,15 +58,13 @@ def _transform(
 @app.command()
 def build(
     src: Annotated[Path, typer.Argument(help="Directory tree of images (and label files).")],
-    out: Annotated[Path, typer.Argument(help="Output dataset directory (e.g. out.lmdb).")],
+    out: Annotated[Path, typer.Argument(help=f"Output dataset directory (e.g. out.{FORMATS[0]}).")],
     format: Annotated[
         str,
         typer.Option(
-            "--format",
-            "-f",
-            help="lmdb (PaddleOCR key layout) or recordio (MXNet .rec/.idx shards).",
+            "--format", "-f", metavar="|".join(FORMATS), callback=_format, help=_FORMAT_HELP
         ),
-    ] = "lmdb",
+    ] = FORMATS[0],
     labels: Annotated[
         list[str] | None,
         typer.Option(
@@ -176,9 +186,7 @@ def build(
 def verify(
     out: Annotated[
         Path,
-        typer.Argument(
-            help="A packed dataset, a bare PaddleOCR LMDB, or a bare MXNet .rec (with its .idx)."
-        ),
+        typer.Argument(help=f"A packed dataset, or a bare copy of a format: {_BARE_HELP}."),
     ],
     deep: Annotated[bool, typer.Option(help="Also decode every image and check its size.")] = False,
 ) -> None:
@@ -224,7 +232,7 @@ def _worker_list(text: str | None) -> tuple[int, ...]:
 
 @app.command()
 def bench(
-    out: Annotated[Path, typer.Argument(help="A packed dataset (or a bare LMDB / .rec).")],
+    out: Annotated[Path, typer.Argument(help=f"A packed dataset (or {_BARE_HELP}).")],
     batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 64,
     workers: Annotated[
         str | None,

@@ -76,3 +76,14 @@ def test_verify_exits_1_and_lists_problems(tree, tmp_path):
     assert result.exit_code == 1
     assert "index.jsonl: 0 lines but meta.json says 11" in result.output
     assert runner.invoke(app, ["info", str(tmp_path / "missing")]).exit_code == 2
+
+
+def test_format_choices_come_from_the_registry():
+    from readers.formats import REGISTRY
+
+    result = runner.invoke(app, ["build", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.replace("\u2502", " ").split())  # rich's box edges out
+    assert "|".join(REGISTRY) in text
+    for fmt in REGISTRY.values():
+        assert f"{fmt.name}: {fmt.summary}" in text
