@@ -4,6 +4,7 @@
 
     CACHE/
       .cache.lock                  held (exclusive) while space is counted, reserved or freed
+      .<name>-<key>.use            flock: held (shared) by every process using that dataset
       <name>-<key>/                one staged dataset: a directory readers open as usual
         meta.json, index.jsonl ... copies of the dataset's small files
         shard-00000 -> .staging/data/shard-00000   (staged)  or  ORIGIN/shard-00000
@@ -17,7 +18,9 @@
           shards/<shard>.reserve   bytes reserved for a copy in progress
 
 A shard is evicted only when nobody copies it and nobody holds its ``.use`` lock; its links
-are pointed back to the origin before its copy is removed.
+are pointed back to the origin before its copy is removed.  A staged dataset none of whose
+shards is left is removed whole when nobody holds ``CACHE/.<name>-<key>.use`` (shared while a
+process stages or uses it; its mtime is the dataset's last use).
 """
 
 from __future__ import annotations
@@ -154,6 +157,34 @@ def evict_one(slot: ShardSlot) -> int:
             return int(manifest["bytes"])
 
 
+def dataset_lock(root: Path) -> Path:
+    """The flock every process holds (shared) while it stages or uses the staged dataset
+    `root`; removing `root` takes it exclusively."""
+    return root.parent / f".{root.name}.use"
+
+
+def _dataset_last_use(root: Path) -> float:
+    try:
+        return dataset_lock(root).stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def evict_dataset(root: Path) -> int:
+    """Remove the staged dataset `root` (its small files) when none of its shards is staged
+    and no process stages or uses it; return the bytes freed."""
+    if any((root / STAGING / "shards").glob("*.json")):
+        return 0
+    with locked(dataset_lock(root), wait=False) as unused:
+        if not unused or not root.is_dir():
+            return 0
+        freed = sum(_size(p) for p in root.iterdir() if p.is_file() and not p.is_symlink())
+        trash = root.with_name(f"{root.name}{TMP_MARK}evicted")
+        os.rename(root, trash)  # gone at once; the files go after
+        remove(trash)
+        return freed
+
+
 def reserve(cache: Path, slot: ShardSlot, need: int, limit: int | None) -> list[ShardSlot]:
     """Reserve `need` bytes for copying `slot`, evicting least recently used shards of other
     datasets as needed (the caller holds the slot's copy lock).
@@ -175,6 +206,11 @@ def reserve(cache: Path, slot: ShardSlot, need: int, limit: int | None) -> list[
                 if freed:
                     used -= freed
                     evicted.append(other)
+            roots = {s.root for s in _slots(cache) if s.root != slot.root}
+            for root in sorted(roots, key=_dataset_last_use):
+                if used + need <= limit:
+                    break
+                used -= evict_dataset(root)
             if used + need > limit:
                 raise NoRoom(used, need, limit)
         slot.reservation.write_text(str(need))

@@ -111,10 +111,20 @@ class Stager:
         """Stage every shard that fits; return what was done."""
         self.cache.mkdir(parents=True, exist_ok=True)
         result = StageResult(self.root)
-        self._ensure_root()
-        for shard in self.shards:
-            slot = ShardSlot(self.root, str(shard["name"]))
-            self._stage_shard(slot, shard, result)
+        use = cache.dataset_lock(self.root)
+        use.touch()  # last use, for evicting whole datasets
+        fd = hold_shared(use)  # nobody removes the dataset while this process stages it
+        try:
+            self._ensure_root()
+            for shard in self.shards:
+                slot = ShardSlot(self.root, str(shard["name"]))
+                self._stage_shard(slot, shard, result)
+        finally:
+            held = _HELD.setdefault(self.root, {})
+            if fd is not None and self.hold and "." not in held:
+                held["."] = fd
+            elif fd is not None:
+                os.close(fd)
         return result
 
     def _ensure_root(self) -> None:

@@ -279,6 +279,33 @@ def test_least_recently_used_shards_are_evicted_first_unless_in_use(tmp_path: Pa
     release(ra.root)
 
 
+def _small_bytes(out: Path) -> int:
+    """The bytes of a dataset's files that staging copies besides its shards."""
+    shards = shard_files(out)
+    return sum(p.stat().st_size for p in out.iterdir() if p.is_file() and p.name not in shards)
+
+
+def test_a_dataset_left_without_shards_is_removed_unless_in_use(tmp_path: Path) -> None:
+    fmt = FORMATS[0]
+    cache = tmp_path / "cache"
+    a, b = (packed(tmp_path, fmt, name=n, seed=i, shards=1) for i, n in enumerate("ab"))
+    limit = _small_bytes(b) + _shard_bytes(b) + _small_bytes(a) // 2  # b fits only without a
+
+    # a is staged, but its shard does not fit; this process keeps using it (hold=True)
+    ra = Stager(a, cache, cache_limit=_small_bytes(a) + 1, hold=True).run()
+    assert ra.origin == ["shard-00000"]
+    rb = Stager(b, cache, cache_limit=limit, hold=False).run()
+    assert rb.origin == ["shard-00000"]  # a's directory is in use: not removed
+    assert ra.root.is_dir()
+
+    release(ra.root)
+    rb = Stager(b, cache, cache_limit=limit, hold=False).run()
+    assert rb.copied == ["shard-00000"]
+    assert not ra.root.exists()
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == [rb.root.name]
+    assert samples(rb.root) == samples(b)
+
+
 def test_a_shard_that_does_not_fit_is_read_from_the_origin(tmp_path: Path) -> None:
     out = packed(tmp_path, FORMATS[0])
     result = Stager(out, tmp_path / "cache", cache_limit=parse_size("1KiB")).run()
