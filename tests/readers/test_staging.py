@@ -179,9 +179,14 @@ def test_kill_9_mid_copy_leaves_no_usable_half_copy(tmp_path: Path, fmt: str) ->
         import sys, time
         from pathlib import Path
         from readers.staging import stage
-        def progress(n):
-            Path(sys.argv[3]).write_text(str(n))
-            time.sleep(600)
+        from readers.staging.files import BLOCK
+        done = 0
+        def progress(n):  # stop inside the shard's big file, one block in
+            global done
+            done += n
+            if done >= BLOCK:
+                Path(sys.argv[3]).write_text(str(done))
+                time.sleep(600)
         stage(sys.argv[1], sys.argv[2], progress=progress)
     """
     proc = run_python(code, str(out), str(cache), str(marker))
@@ -195,6 +200,9 @@ def test_kill_9_mid_copy_leaves_no_usable_half_copy(tmp_path: Path, fmt: str) ->
     (root,) = (p for p in cache.iterdir() if p.is_dir())
     partial = [p for p in (root / ".staging" / "data").iterdir() if TMP_MARK in p.name]
     assert partial, "the process was not killed mid-copy"
+    cut = [p for t in partial for p in ([t] if t.is_file() else t.iterdir())]
+    big = max(len(data) for data in shard_files(out).values())
+    assert any(0 < p.stat().st_size < big for p in cut), "no half-written file"
     assert not list((root / ".staging" / "shards").glob("*.json"))  # no manifest: not staged
     for entry in root.iterdir():  # the shard still resolves to the origin
         if entry.is_symlink():
