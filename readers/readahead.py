@@ -1,0 +1,266 @@
+"""Read-ahead for (nearly) increasing reads, per process, and page-cache hints in large pieces.
+
+Datasets open their shards with the kernel's read-ahead off (a random read must stay one
+record), so a plain ``DataLoader(ds, shuffle=False)`` would read a sequential pass 4 KiB at a
+time. `SequentialDetector` watches the sample ids one process reads, like the kernel's
+read-ahead window: after a few forward steps it asks for the next samples ahead, and the
+window grows (to a cap) while the reads keep going forward; a backward step or a long jump
+resets it. Forward jumps up to a gap keep a detection alive, so that a DataLoader worker (one
+batch in every ``num_workers``) and a rank of ``DistributedBatchSampler`` (one in every
+``world_size``) count as sequential. A uniformly random order never sees several forward steps
+of one or two samples in a row, so it stays one record per read.
+
+`willneed` passes a byte range to the OS as ``POSIX_FADV_WILLNEED`` calls of at most
+`hint_piece` bytes: Linux reads at most max(read_ahead_kb, max_sectors_kb) of one such call
+and drops the rest silently (measured: a 30 MB hint read 8 MB, the other 22 MB came back as
+4 KiB faults). `coalesce` turns the scattered extents of one run of samples into few ranges.
+
+Nothing here imports paddle or knows a format: datasets map ids to byte ranges.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from readers import handles
+
+__all__ = [
+    "FIRST_WINDOW_BYTES",
+    "MAX_GAP_BYTES",
+    "MAX_WINDOW_BYTES",
+    "Readahead",
+    "SequentialDetector",
+    "coalesce",
+    "hint_piece",
+    "willneed",
+]
+
+FIRST_WINDOW_BYTES = 512 << 10
+"""The first read-ahead of a detected sequential run (the kernel starts at 128 KiB; records of
+a packed dataset are read in batches, so a larger first step pays)."""
+MAX_WINDOW_BYTES = 32 << 20
+"""The most bytes hinted ahead of the read position (larger hints stalled the reads of a
+100 MB/s disk for seconds: bench_orders.py --sweep)."""
+MAX_GAP_BYTES = 8 << 20
+"""A forward jump up to this far keeps a sequential run alive (the batches that other workers
+or ranks read in between)."""
+DEFAULT_RECORD_BYTES = 64 << 10
+"""The record size assumed when a dataset does not know its sizes."""
+GAP_BYTES = 256 << 10
+"""`coalesce` reads across holes up to this size: on a hard disk one more request costs about
+as much time as reading 256-512 KiB (100 MB/s, 300 IOPS)."""
+
+
+class SequentialDetector:
+    """Which ids to read ahead, given the ids one process reads, in order (pure logic).
+
+    A *step* is the difference between an id and the previous one. Steps of 1..`near` count
+    toward a run; forward steps up to `max_gap` keep the run (they skip the samples other
+    workers or ranks read); anything else (backward, a long jump) ends it. From the
+    `trigger`-th counted step on, `observe` returns ``(start, stop)``, ids to hint, whenever
+    fewer than half a window is hinted ahead; each such hint doubles the window, up to
+    `max_window`, and never reaches more than `max_window` ids past the read position.
+
+    Args:
+        first_window: ids hinted by the first hint of a run.
+        max_window: the most ids hinted ahead of the read position.
+        max_gap: the longest forward step that keeps a run.
+        trigger: counted steps before the first hint.
+        near: the longest step that counts toward `trigger` (a skipped bad sample, a sampler
+            that leaves out a few ids).
+    """
+
+    def __init__(
+        self,
+        *,
+        first_window: int,
+        max_window: int,
+        max_gap: int,
+        trigger: int = 3,
+        near: int = 2,
+    ) -> None:
+        if not 1 <= first_window <= max_window:
+            raise ValueError(
+                f"need 1 <= first_window <= max_window, got {first_window}, {max_window}"
+            )
+        if trigger < 1 or near < 1 or max_gap < near:
+            raise ValueError(
+                f"need trigger >= 1 and 1 <= near <= max_gap, got {trigger}, {near}, {max_gap}"
+            )
+        self.first_window = int(first_window)
+        self.max_window = int(max_window)
+        self.max_gap = int(max_gap)
+        self.trigger = int(trigger)
+        self.near = int(near)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the run: the next reads start a new detection."""
+        self.last: int | None = None
+        self.streak = 0
+        self.window = self.first_window
+        self.frontier = 0
+        """One past the last id hinted (0: nothing hinted in this run)."""
+
+    def observe(self, i: int) -> tuple[int, int] | None:
+        """Note a read of id `i`; the ids ``[start, stop)`` to hint now, or None."""
+        i = int(i)
+        last, self.last = self.last, i
+        if last is None or i == last:
+            return None
+        step = i - last
+        if not 0 < step <= self.max_gap:
+            self.streak, self.window, self.frontier = 0, self.first_window, 0
+            return None
+        if step <= self.near:
+            self.streak += 1
+        if self.streak < self.trigger:
+            return None
+        ahead = self.frontier - (i + 1)
+        if ahead <= 0:  # nothing hinted past here: a new run, or the reads jumped past it
+            start = i + 1
+            if self.frontier:  # the window was too short for the jumps: grow it
+                self.window = min(2 * self.window, self.max_window)
+        elif ahead <= self.window // 2:
+            start = self.frontier
+            self.window = min(2 * self.window, self.max_window)
+        else:
+            return None
+        stop = min(start + self.window, i + 1 + self.max_window)
+        if stop <= start:
+            return None
+        self.frontier = stop
+        return start, stop
+
+
+def record_bytes(dataset: Any) -> float:
+    """The mean stored size of `dataset`'s records (``index.nbytes``), or a default."""
+    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
+    if nbytes is not None and len(nbytes):
+        return max(1.0, float(np.mean(nbytes)))
+    return float(DEFAULT_RECORD_BYTES)
+
+
+def detector_for(mean_bytes: float) -> SequentialDetector:
+    """A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`."""
+
+    def ids(nbytes: int, least: int) -> int:
+        return max(least, int(nbytes / max(1.0, mean_bytes)))
+
+    first = ids(FIRST_WINDOW_BYTES, 8)
+    most = max(first, ids(MAX_WINDOW_BYTES, 8))
+    return SequentialDetector(first_window=first, max_window=most, max_gap=ids(MAX_GAP_BYTES, 64))
+
+
+class Readahead:
+    """A process's `SequentialDetector` for one dataset, and the hints it sends.
+
+    A dataset keeps one and calls ``note(i, self)`` once per sample it reads; hints go to
+    ``dataset.prefetch(start, stop)`` (ids; the dataset maps them to byte ranges). The state
+    is per process: a copy made by ``fork`` or by pickling starts afresh, and hinting never
+    raises.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._detector: SequentialDetector | None = None
+        self.hints = 0
+        """Hints sent by this process (for tests and benchmarks)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_pid": -1, "_detector": None, "hints": 0}
+
+    def note(self, i: int, dataset: Any) -> None:
+        """Note a read of sample `i` of `dataset`; hint the samples ahead when due."""
+        try:
+            if self._pid != os.getpid() or self._detector is None:
+                self._pid = os.getpid()
+                self._detector = detector_for(record_bytes(dataset))
+                self.hints = 0
+            found = self._detector.observe(i)
+            if found is None:
+                return
+            start, stop = found
+            stop = min(stop, len(dataset))
+            if start < stop:
+                self.hints += 1
+                dataset.prefetch(start, stop)
+        except Exception:  # a hint must never fail a read
+            return
+
+
+def coalesce(begin: np.ndarray, end: np.ndarray, *, gap: int = GAP_BYTES) -> list[tuple[int, int]]:
+    """The byte ranges ``[begin[k], end[k])`` merged where they overlap or lie at most `gap`
+    bytes apart, sorted: the few reads that fetch them all."""
+    if len(begin) == 0:
+        return []
+    b = np.asarray(begin, dtype=np.int64)
+    e = np.asarray(end, dtype=np.int64)
+    order = np.argsort(b, kind="stable")
+    b, e = b[order], np.maximum.accumulate(e[order])
+    cut = np.flatnonzero(b[1:] > e[:-1] + gap) + 1
+    starts = np.concatenate(([0], cut))
+    stops = np.concatenate((cut, [len(b)])) - 1
+    return [(int(b[s]), int(e[t])) for s, t in zip(starts, stops, strict=True)]
+
+
+def _sysfs_kb(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+@lru_cache(maxsize=64)
+def _device_cap(dev: int) -> int:
+    """max(read_ahead_kb, max_sectors_kb) in bytes of the device `dev`, 0 when unknown."""
+    major, minor = os.major(dev), os.minor(dev)
+    block = f"/sys/dev/block/{major}:{minor}"
+    for queue in (f"{block}/queue", f"{block}/../queue"):
+        kb = max(_sysfs_kb(f"{queue}/read_ahead_kb"), _sysfs_kb(f"{queue}/max_sectors_kb"))
+        if kb:
+            return kb << 10
+    return _sysfs_kb(f"/sys/class/bdi/{major}:{minor}/read_ahead_kb") << 10
+
+
+PIECE_LEAST = 128 << 10
+PIECE_MOST = 2 << 20
+PIECE_UNKNOWN = 512 << 10
+"""Piece size where sysfs does not tell (overlay or network file systems)."""
+
+
+def hint_piece(path: str) -> int:
+    """Bytes per ``WILLNEED`` call for the file `path`: what its device reads of one call
+    (max(read_ahead_kb, max_sectors_kb)), within [128 KiB, 2 MiB]; 512 KiB when unknown.
+    Larger pieces did not make larger requests (a request holds at most ~1 MiB of pages)."""
+    try:
+        cap = _device_cap(os.stat(path).st_dev)
+    except OSError:
+        cap = 0
+    return min(PIECE_MOST, max(PIECE_LEAST, cap)) if cap else PIECE_UNKNOWN
+
+
+def willneed(path: str, begin: int, end: int, *, advise: Callable[..., Any] | None = None) -> int:
+    """Ask the OS to read bytes ``[begin, end)`` of `path` into the page cache, in pieces of
+    `hint_piece` bytes; returns the number of calls. Does nothing where posix_fadvise is
+    missing. `advise` replaces ``os.posix_fadvise`` (tests count the calls).
+
+    Raises:
+        OSError: the file cannot be opened (callers treat hints as optional).
+    """
+    call = advise if advise is not None else getattr(os, "posix_fadvise", None)
+    if call is None or end <= begin:
+        return 0
+    fd = handles.shared_fd(path)
+    piece = hint_piece(path)
+    calls = 0
+    for at in range(int(begin), int(end), piece):
+        call(fd, at, min(piece, int(end) - at), os.POSIX_FADV_WILLNEED)
+        calls += 1
+    return calls
