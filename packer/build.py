@@ -43,7 +43,9 @@ from packer.problems import WARNINGS_NAME, Problem
 from packer.records import Entry
 from packer.scan import name_collisions
 from packer.task import writer_class
-from packer.writers.base import fsync_path, merge_parts, read_done
+from packer.writers.base import fsync_path
+from packer.writers.merge import merge_parts
+from packer.writers.part import read_done
 from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME
 from readers.index import fingerprint
 

@@ -20,7 +20,8 @@ from packer.labels import NO_LABEL_MESSAGE
 from packer.plan import ShardPlan
 from packer.problems import NO_LABEL, Problem
 from packer.records import Entry, Record
-from packer.writers.base import ShardPart, ShardWriter, part_paths
+from packer.writers.base import ShardWriter
+from packer.writers.part import ShardPart, part_paths
 from readers.formats.layout import shard_name
 
 

@@ -28,7 +28,7 @@ from packer.plan import ShardPlan
 from packer.problems import CHANGED, Problem
 from packer.records import Entry, Record
 from packer.task import PortableError, portable, rebuild, run_shard, write_shard
-from packer.writers.base import read_done
+from packer.writers.part import read_done
 
 _BATCH = 32  # images per task sent to a worker process: amortises the IPC
 _IN_FLIGHT = 4  # tasks queued per worker: enough to keep each busy, and memory bounded

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from packer.writers.base import ShardPart, ShardWriter, merge_parts
+from packer.writers.base import ShardWriter
 from packer.writers.lmdb import LmdbShardWriter
+from packer.writers.merge import merge_parts
+from packer.writers.part import ShardPart
 from packer.writers.recordio import RecordIOShardWriter
 
 # format name -> writer class (until the packer-side registry, packer.formats, takes over)

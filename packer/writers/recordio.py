@@ -121,9 +121,9 @@ class RecordIOShardWriter(ShardWriter):
 
     @classmethod
     def renumber(
-        cls, base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]
+        cls, base: Path, old_first: int, new_first: int, offsets: list[int | None]
     ) -> int | None:
-        return renumber_shard(base, old_first, new_first, rows)
+        return renumber_shard(base, old_first, new_first, [int(o or 0) for o in offsets])
 
     @classmethod
     def describe(cls) -> dict[str, str]:
@@ -164,7 +164,7 @@ class RecordIOShardWriter(ShardWriter):
         return [self.rec_path, self.idx_path]
 
 
-def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[str, Any]]) -> int:
+def renumber_shard(base: Path, old_first: int, new_first: int, offsets: list[int]) -> int:
     """Give the records of a finished shard the ids ``new_first, new_first + 1, ...``.
 
     Used when a shard was written before the final first id was known (the Ray engine):
@@ -175,8 +175,7 @@ def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[s
     idx_path = base.with_name(base.name + IDX_SUFFIX)
     head = struct.Struct("<II")
     with open(rec_path, "r+b") as f:
-        for j, row in enumerate(rows):
-            offset = int(row["offset"])
+        for j, offset in enumerate(offsets):
             f.seek(offset)
             magic, lrec = head.unpack(f.read(head.size))
             if magic != MAGIC or lrec >> 29 != 0 or new_first + j >= MAGIC:
@@ -189,8 +188,8 @@ def renumber_shard(base: Path, old_first: int, new_first: int, rows: list[dict[s
         f.flush()
         os.fsync(f.fileno())
     with open(idx_path, "w", encoding="ascii", newline="\n") as f:
-        for j, row in enumerate(rows):
-            f.write(format_idx_line(new_first + j, int(row["offset"])))
+        for j, offset in enumerate(offsets):
+            f.write(format_idx_line(new_first + j, offset))
         f.flush()
         os.fsync(f.fileno())
     del old_first

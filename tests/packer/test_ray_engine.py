@@ -124,12 +124,12 @@ def _die_once_in(marker: Path, shard: int) -> Any:
     def task(cfg: BuildConfig, job: Any) -> Any:
         if job.shard.number == shard and not marker.exists():
             marker.touch()
-            from packer.writers.base import ShardPart
+            from packer.writers import ShardPart
 
             real_add = ShardPart.add
 
-            def add(self: Any, record: Any) -> None:
-                real_add(self, record)
+            def add(self: Any, record: Any, *rest: Any) -> None:
+                real_add(self, record, *rest)
                 if self.count == 3:  # the process dies with 3 records of the shard on disk
                     if hasattr(self.shard, "_commit"):
                         self.shard._commit()  # LMDB: a committed transaction

@@ -19,8 +19,8 @@ from packer.config import BuildConfig
 from packer.encode import prepare
 from packer.errors import DiskFullError, InputError
 from packer.verify import verify
+from packer.writers import ShardPart, merge_parts
 from packer.writers import recordio as wr
-from packer.writers.base import ShardPart, merge_parts
 from packer.writers.recordio import RecordIOShardWriter, RecordTooLargeForShardError, header_label
 from readers import handles
 from tests.conftest import write_tree

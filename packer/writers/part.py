@@ -1,0 +1,202 @@
+"""One planned shard of a build, written by `ShardPart`: its files and, beside them in the
+build directory, its index rows, problems, notes and completion marker.
+
+A shard with a completion marker is finished: ``--resume`` keeps it, and it may have been
+written by another process or machine (the pool of the local engine, a Ray task).
+`packer.writers.merge` turns the finished parts into the dataset's index.
+
+The index rows are kept in the form the merge writes them in, so merging copies text and
+columns instead of encoding JSON again: ``shard-N.part.txt`` holds one line per record,
+``HEAD<TAB>KEY<TAB>OFFSET<TAB>TAIL`` (HEAD is ``"path":...,"label":...``, KEY the key as
+JSON, TAIL ``"nbytes":...,"crc32":...}``, all as in the final index line; a TAB cannot occur
+in JSON text), and
+``shard-N.part.arrow`` the shard's index.parquet columns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from packer.problems import Problem
+from packer.records import Record
+from packer.writers.base import ShardWriter
+from readers.formats.layout import shard_name
+
+PART_VERSION = 2
+"""Of the side files; a marker of another version is not a finished part (it is rewritten)."""
+
+PART_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("label_json", pa.string()),
+        ("label_int", pa.int64()),
+        ("key", pa.string()),
+        ("offset", pa.int64()),
+        ("nbytes", pa.int64()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("channels", pa.int32()),
+        ("format", pa.string()),
+        ("crc32", pa.uint32()),
+    ]
+)
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once, not per row
+
+
+class IndexRow(NamedTuple):
+    """A record's index row, encoded once (in the process that prepared the record)."""
+
+    head: str  # '"path":...,"label":...'
+    tail: str  # '"nbytes":...,"width":...,"height":...,"channels":...,"format":...,"crc32":...'
+    label_json: str
+    label_int: int | None
+    label_kind: str  # none | int | json
+
+
+def index_row(record: Record) -> IndexRow:
+    """The index row of `record`, but for its id, shard, key and offset."""
+    label = record.label
+    if label is None:
+        label_json, label_int, kind = "null", None, "none"
+    elif isinstance(label, int) and not isinstance(label, bool):
+        label_json, label_int, kind = str(label), label, "int"
+    else:
+        label_json, label_int, kind = _JSON.encode(label), None, "json"
+    return IndexRow(
+        f'"path":{_JSON.encode(record.rel)},"label":{label_json}',
+        f'"nbytes":{len(record.data)},"width":{record.width},"height":{record.height},'
+        f'"channels":{record.channels},"format":{_JSON.encode(record.format)},'
+        f'"crc32":{record.crc32}',
+        label_json,
+        label_int,
+        kind,
+    )
+
+
+def part_paths(root: Path, number: int) -> dict[str, Path]:
+    """The build-time side files of planned shard `number`."""
+    name = shard_name(number)
+    return {
+        "rows": root / f"{name}.part.txt",
+        "columns": root / f"{name}.part.arrow",
+        "errors": root / f"{name}.errors.jsonl",
+        "notes": root / f"{name}.notes.jsonl",
+        "done": root / f"{name}.done.json",
+    }
+
+
+def read_done(root: Path, number: int) -> dict[str, Any] | None:
+    """The completion marker of planned shard `number`, or None when it is not finished."""
+    try:
+        with open(part_paths(root, number)["done"], encoding="utf-8") as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(done, dict) or done.get("part_version") != PART_VERSION:
+        return None
+    return done
+
+
+def _synced(path: Path, lines: list[str]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class ShardPart:
+    """Writes planned shard `number` of a build: its files, index rows and problems.
+
+    Sample ids are ``first_id + n``; a writer that does not know the final first id (a Ray
+    task, a pool process) passes its best guess and `merge_parts` renumbers the shard.
+    """
+
+    def __init__(
+        self, root: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int
+    ) -> None:
+        self.root = root
+        self.number = number
+        self.first_id = first_id
+        self.paths = part_paths(root, number)
+        for path in self.paths.values():
+            path.unlink(missing_ok=True)
+        self.shard = shard_cls(root / shard_name(number))
+        self.count = 0
+        self.bytes = 0
+        self.label_kinds: set[str] = set()
+        self.notes: list[dict[str, Any]] = []  # Record.notes, with the shard-local position
+        self._rows = open(self.paths["rows"], "w", encoding="utf-8", newline="\n")  # noqa: SIM115
+        self._columns: dict[str, list[Any]] = {name: [] for name in PART_SCHEMA.names}
+
+    def add(self, record: Record, row: IndexRow | None = None) -> None:
+        """Store one record; `row` is its `index_row` when the caller made it already."""
+        key, offset = self.shard.write(self.count + 1, self.first_id + self.count, record)
+        if row is None:
+            row = index_row(record)
+        at = "" if offset is None else offset
+        self._rows.write(f"{row.head}\t{_JSON.encode(key)}\t{at}\t{row.tail}}}\n")
+        columns = self._columns
+        columns["path"].append(record.rel)
+        columns["label_json"].append(row.label_json)
+        columns["label_int"].append(row.label_int)
+        columns["key"].append(key)
+        columns["offset"].append(offset)
+        columns["nbytes"].append(len(record.data))
+        columns["width"].append(record.width)
+        columns["height"].append(record.height)
+        columns["channels"].append(record.channels)
+        columns["format"].append(record.format)
+        columns["crc32"].append(record.crc32)
+        self.label_kinds.add(row.label_kind)
+        if record.notes:
+            self.notes.extend({"local": self.count, **n.as_json()} for n in record.notes)
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def finish(self, problems: list[Problem]) -> dict[str, Any]:
+        """Close the shard, write its side files and, last, its completion marker."""
+        file_bytes = self.shard.close()
+        late = self.shard.record_offsets()  # where the bytes start, for index.parquet
+        if late is not None:
+            self._columns["offset"] = [int(x) for x in late]
+        self._rows.flush()
+        os.fsync(self._rows.fileno())
+        self._rows.close()
+        table = pa.table(self._columns, schema=PART_SCHEMA)
+        with (
+            pa.OSFile(str(self.paths["columns"]), "wb") as sink,
+            pa.ipc.new_file(sink, PART_SCHEMA) as arrow,
+        ):
+            arrow.write_table(table)
+        with open(self.paths["columns"], "rb") as f:
+            os.fsync(f.fileno())
+        _synced(self.paths["errors"], [_JSON.encode(p.as_json()) + "\n" for p in problems])
+        _synced(self.paths["notes"], [_JSON.encode(n) + "\n" for n in self.notes])
+        done = {
+            "part_version": PART_VERSION,
+            "number": self.number,
+            "first": self.first_id,
+            "count": self.count,
+            "bytes": self.bytes,
+            "file_bytes": file_bytes,
+            "label_kinds": sorted(self.label_kinds),
+            # top-level names under the build directory: the LMDB directory, or .rec + .idx
+            "files": sorted({p.relative_to(self.root).parts[0] for p in self.shard.files()}),
+        }
+        tmp = self.paths["done"].with_name(self.paths["done"].name + ".tmp")
+        _synced(tmp, [json.dumps(done)])
+        os.replace(tmp, self.paths["done"])
+        return done
+
+    def abort(self) -> None:
+        """Stop after a failure; the caller removes or keeps the directory."""
+        self.shard.abort()
+        with contextlib.suppress(OSError):
+            self._rows.close()
