@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,14 +12,16 @@ import pytest
 from packer.build import build
 from packer.config import BuildConfig
 from readers.errors import DatasetFormatError
+from readers.formats import REGISTRY
 from readers.index import load_index
 
 
 @pytest.fixture
-def packed(tree, tmp_path):
+def packed(tree, tmp_path, fmt):
+    """The tree packed in each registered format (`fmt`, tests/conftest.py)."""
     src, _ = tree
     out = tmp_path / "out"
-    build(BuildConfig(src=src, out=out))
+    build(BuildConfig(src=src, out=out, format=fmt))
     return out
 
 
@@ -40,13 +43,17 @@ def test_parquet_and_jsonl_load_the_same_columns(packed):
         assert [index.labels[i] for i in range(len(rows))] == [r["label"] for r in rows]
         assert index.extra["width"].tolist() == [r["width"] for r in rows]
         assert index.extra["path"].to_pylist() == [r["path"] for r in rows]
-    # LMDB image offsets come only from index.parquet; each points at the image's bytes
-    assert b.offset is None
-    assert a.offset is not None
-    data = (packed / "shard-00000" / "data.mdb").read_bytes()
-    for i, row in enumerate(rows):
-        start = int(a.offset[i])
-        assert zlib.crc32(data[start : start + row["nbytes"]]) == row["crc32"]
+    fmt = REGISTRY[a.format]
+    if fmt.offsets_locate_records:  # where each record starts: from either file, always
+        assert a.offset.tolist() == b.offset.tolist() == [r["offset"] for r in rows]
+    else:  # a page-cache hint, only from index.parquet; each points at the stored bytes
+        assert b.offset is None
+        assert a.offset is not None
+        shard = fmt.shard_path(packed, a.shard_names[0])
+        data = Path(fmt.data_file(shard)).read_bytes()
+        for i, row in enumerate(rows):
+            start = int(a.offset[i])
+            assert zlib.crc32(data[start : start + row["nbytes"]]) == row["crc32"]
     assert a.path_of(3) == rows[3]["path"]
 
 

@@ -13,6 +13,7 @@ import pytest
 from packer.build import build
 from packer.config import BuildConfig
 from readers import ChunkShuffleSampler, handles, open_dataset
+from readers.formats import FORMATS
 from tests.conftest import encode, write_tree
 
 
@@ -47,7 +48,7 @@ def resident_pages(path: str, begin: int, end: int) -> int:
         os.close(fd)
 
 
-@pytest.fixture(params=["lmdb", "recordio"])
+@pytest.fixture(params=FORMATS)
 def packed(request, tmp_path):
     src = tmp_path / "src"
     files = write_tree(src, {"a": 40, "b": 30})

@@ -1,10 +1,9 @@
-"""RecordIODataset: packed RecordIO datasets, and bare MXNet .rec/.idx pairs written by hand
-from the specification (struct.pack, not our writer), including InsightFace's meta record."""
+"""RecordIODataset specifics: packed datasets read by offset, and bare MXNet .rec/.idx pairs
+written by hand from the specification (struct.pack, not our writer), including InsightFace's
+meta record. What every format's Dataset does alike is in test_datasets.py."""
 
 from __future__ import annotations
 
-import os
-import pickle
 import struct
 import zlib
 from pathlib import Path
@@ -16,9 +15,9 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from readers import LmdbDataset, RecordIODataset, handles, open_dataset
-from readers.formats.recordio import find_recordio_pair
+from readers import RecordIODataset, handles, open_dataset
 from readers.errors import DatasetFormatError, RecordError
+from readers.formats.recordio import find_recordio_pair
 from tests.conftest import encode
 
 # --------------------------------------------------------------------------------------------
@@ -235,15 +234,15 @@ def test_damaged_bare_record_is_a_record_error(tmp_path):
 
 
 @pytest.fixture
-def packed(tree, tmp_path):
+def rec_packed(tree, tmp_path):
     src, files = tree
     out = tmp_path / "out.rec"
     build(BuildConfig(src=src, out=out, format="recordio"))
     return out, files
 
 
-def test_packed_dataset_reads_by_offset(packed):
-    out, files = packed
+def test_packed_dataset_reads_by_offset(rec_packed):
+    out, files = rec_packed
     ds = RecordIODataset(out, decode="bytes")
     assert ds.keys is None
     assert ds.index is not None
@@ -255,48 +254,6 @@ def test_packed_dataset_reads_by_offset(packed):
     assert RecordIODataset(out, transform=lambda im: im.shape)[0][0][2] == 3
 
 
-def test_wrong_class_for_the_format(packed, tree, tmp_path):
-    out, _ = packed
-    with pytest.raises(DatasetFormatError, match="a recordio dataset, not LMDB; use RecordIO"):
-        LmdbDataset(out)
-    lmdb_out = tmp_path / "x.lmdb"
-    build(BuildConfig(src=tree[0], out=lmdb_out))
-    with pytest.raises(DatasetFormatError, match="a lmdb dataset, not RecordIO; use LmdbDataset"):
-        RecordIODataset(lmdb_out)
-    with pytest.raises(ValueError, match="decode='png'"):
-        RecordIODataset(out, decode="png")
-
-
-def test_pickles_without_handles_and_shares_one_mapping(packed):
-    out, _ = packed
-    a, b = RecordIODataset(out), RecordIODataset(out)
-    a[0], b[1]
-    assert a._handle(0) is b._handle(0)
-    clone = pickle.loads(pickle.dumps(a))
-    assert clone._handles == []
-    np.testing.assert_array_equal(clone[3][0], a[3][0])
-
-
-def test_forked_child_maps_the_file_afresh(packed):
-    out, _ = packed
-    ds = RecordIODataset(out, decode="bytes")
-    parent_bytes = ds[2][0]
-    parent_map = ds._handle(0)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            ok = ds._handle(0) is not parent_map and ds[2][0] == parent_bytes
-            os.write(write, b"1" if ok else b"0")
-        except BaseException as exc:
-            os.write(write, repr(exc).encode()[:200])
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(read, 256) == b"1"
-    assert ds[2][0] == parent_bytes
-
-
 def flip(path: Path, at: int) -> None:
     handles.close_all()
     blob = bytearray(path.read_bytes())
@@ -304,21 +261,8 @@ def flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(blob))
 
 
-def test_corrupt_record_names_shard_key_sample_and_source(packed):
-    out, files = packed
-    rec = out / "shard-00000.rec"
-    target = files[sorted(files)[0]]
-    flip(rec, rec.read_bytes().find(target) + len(target) // 2)
-    with pytest.raises(
-        RecordError,
-        match=r"shard-00000\.rec key 0 sample 0 \(offset 0\) \(source cat/img_000\.png\): CRC-32",
-    ):
-        RecordIODataset(out, decode="bytes", verify_crc=True)[0]
-    assert RecordIODataset(out, decode="bytes")[1][0] == files[sorted(files)[1]]
-
-
-def test_header_id_that_does_not_match_is_refused(packed):
-    out, _ = packed
+def test_header_id_that_does_not_match_is_refused(rec_packed):
+    out, _ = rec_packed
     rec = out / "shard-00000.rec"
     offset = int((out / "shard-00000.idx").read_text().splitlines()[2].split("\t")[1])
     flip(rec, offset + 8 + 8)  # the low byte of IRHeader.id of sample 2
@@ -326,8 +270,8 @@ def test_header_id_that_does_not_match_is_refused(packed):
         RecordIODataset(out)[2]
 
 
-def test_bare_shard_of_a_packed_dataset_opens_with_header_labels(packed):
-    out, files = packed
+def test_bare_shard_of_a_packed_dataset_opens_with_header_labels(rec_packed):
+    out, files = rec_packed
     ds = open_dataset(out / "shard-00000.rec", decode="bytes")
     assert ds.index is None
     assert len(ds) == len(files)
