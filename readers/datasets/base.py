@@ -66,6 +66,28 @@ def advise_willneed(
             continue
 
 
+def load_packed_index(
+    root: Path, fmt: ShardFormat
+) -> tuple[DatasetIndex, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """The index of the packed dataset at `root`, which must be of format `fmt`, and the
+    (height, width, channels) columns when it stores raw pixels (``--encode raw``).
+
+    Raises:
+        DatasetFormatError: the index does not load, or the dataset is of another format.
+    """
+    raw = stores_raw(root)
+    index = load_index(root, extra=("width", "height", "channels") if raw else ())
+    if index.format != fmt.name:
+        other = REGISTRY.get(index.format)
+        use = other.dataset_name if other is not None else "the matching dataset class"
+        raise DatasetFormatError(
+            f"{root}: a {index.format} dataset, not {fmt.title}; use {use} or open_dataset()"
+        )
+    if not raw:
+        return index, None
+    return index, (index.extra["height"], index.extra["width"], index.extra["channels"])
+
+
 class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     """A map-style Dataset over the shards of one format: ``ds[i] -> (image, label)``.
 
@@ -136,21 +158,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     # --- opening ---------------------------------------------------------------------------
 
     def _load_packed(self) -> DatasetIndex:
-        raw = stores_raw(self.root)
-        index = load_index(self.root, extra=("width", "height", "channels") if raw else ())
-        self._raw_dims = (
-            (index.extra["height"], index.extra["width"], index.extra["channels"]) if raw else None
-        )
-        if index.format != self.format:
-            other = REGISTRY.get(index.format)
-            use = other.dataset_name if other is not None else "the matching dataset class"
-            raise DatasetFormatError(
-                f"{self.root}: a {index.format} dataset, not {self.format_title}; use "
-                f"{use} or open_dataset()"
-            )
-        self.index = index
-        self.shard_bounds = index.shard_bounds
-        return index
+        self.index, self._raw_dims = load_packed_index(self.root, self.shard_format)
+        self.shard_bounds = self.index.shard_bounds
+        return self.index
 
     def _open_packed(self, index: DatasetIndex) -> None:
         """Find the shards of a packed dataset; every listed shard's data file must exist."""
@@ -166,10 +176,6 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def _open_bare(self) -> None:
         raise NotImplementedError
-
-    @property
-    def format_title(self) -> str:
-        return self.shard_format.title
 
     # --- decoding --------------------------------------------------------------------------
 
