@@ -161,19 +161,27 @@ class Readahead:
     """A process's `SequentialDetector` for one dataset, and the hints it sends.
 
     A dataset keeps one and calls ``note(i, self)`` once per sample it reads; hints go to
-    ``dataset.prefetch(start, stop)`` (ids; the dataset maps them to byte ranges). The state
-    is per process: a copy made by ``fork`` or by pickling starts afresh, and hinting never
-    raises.
+    ``dataset.prefetch(start, stop)`` (ids; the dataset maps them to byte ranges). A caller
+    that hints its own order (ShardStream announces each run it reads) tells ``covered``, and
+    reads inside the range it hinted last are left to it. The state is per process: a copy
+    made by ``fork`` or by pickling starts afresh, and hinting never raises.
     """
 
     def __init__(self) -> None:
         self._pid = -1
         self._detector: SequentialDetector | None = None
+        self._explicit = (0, 0)
+        self._own = False
         self.hints = 0
         """Hints sent by this process (for tests and benchmarks)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_pid": -1, "_detector": None, "hints": 0}
+        return {"_pid": -1, "_detector": None, "_explicit": (0, 0), "_own": False, "hints": 0}
+
+    def covered(self, start: int, stop: int) -> None:
+        """The ids ``[start, stop)`` were hinted by the caller (not by this detector)."""
+        if not self._own:
+            self._explicit = (int(start), int(stop))
 
     def note(self, i: int, dataset: Any) -> None:
         """Note a read of sample `i` of `dataset`; hint the samples ahead when due."""
@@ -181,7 +189,10 @@ class Readahead:
             if self._pid != os.getpid() or self._detector is None:
                 self._pid = os.getpid()
                 self._detector = detector_for(record_bytes(dataset))
+                self._explicit = (0, 0)
                 self.hints = 0
+            if self._explicit[0] <= i < self._explicit[1]:
+                return
             found = self._detector.observe(i)
             if found is None:
                 return
@@ -189,7 +200,11 @@ class Readahead:
             stop = min(stop, len(dataset))
             if start < stop:
                 self.hints += 1
-                dataset.prefetch(start, stop)
+                self._own = True
+                try:
+                    dataset.prefetch(start, stop)
+                finally:
+                    self._own = False
         except Exception:  # a hint must never fail a read
             return
 

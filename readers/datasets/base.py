@@ -26,6 +26,7 @@ from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index, load_meta
+from readers.readahead import Readahead, willneed
 from readers.staging import stage
 
 ON_ERROR = ("raise", "skip")
@@ -44,10 +45,11 @@ def advise_willneed(
     bounds: np.ndarray,
     start: int,
     stop: int,
-    byte_range: Callable[[int, int, int], tuple[str, int, int] | None],
+    byte_ranges: Callable[[int, int, int], list[tuple[str, int, int]]],
 ) -> None:
     """``POSIX_FADV_WILLNEED`` the bytes of samples ``start..stop-1``, shard by shard, where
-    ``byte_range(shard, lo, hi)`` says which file range holds them. Errors are ignored."""
+    ``byte_ranges(shard, lo, hi)`` says which file ranges hold them (`readers.readahead.willneed`:
+    in pieces the kernel reads whole). Errors are ignored."""
     start, stop = max(0, int(start)), min(int(bounds[-1]), int(stop))
     if start >= stop or not hasattr(os, "posix_fadvise"):
         return
@@ -57,11 +59,8 @@ def advise_willneed(
         lo = max(start, int(bounds[shard]))
         hi = min(stop, int(bounds[shard + 1]))
         try:
-            found = byte_range(shard, lo, hi)
-            if found is not None:
-                path, begin, end = found
-                fd = handles.shared_fd(path)
-                os.posix_fadvise(fd, begin, end - begin, os.POSIX_FADV_WILLNEED)
+            for path, begin, end in byte_ranges(shard, lo, hi):
+                willneed(path, begin, end)
         except Exception:  # a hint must never fail a read
             continue
 
@@ -150,6 +149,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self._raw_dims: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._handles: list[Any] = []
         self._generation = -1
+        self._ahead = Readahead()  # hints ahead of (nearly) increasing reads, per process
         if (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
         else:
@@ -261,6 +261,12 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         """The file and byte range ``[start, stop)`` holding samples ``lo..hi-1`` of `shard`."""
         raise NotImplementedError
 
+    def _byte_ranges(self, shard: int, lo: int, hi: int) -> list[tuple[str, int, int]]:
+        """The file ranges to read for samples ``lo..hi-1`` of `shard` (a format whose records
+        may lie apart returns several)."""
+        found = self._byte_range(shard, lo, hi)
+        return [] if found is None else [found]
+
     def prefetch(self, start: int, stop: int) -> None:
         """Ask the OS to read the bytes of samples ``start..stop-1`` into the page cache now.
 
@@ -270,7 +276,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         DataLoader worker). A hint only: errors are ignored, and single random reads work
         without it.
         """
-        advise_willneed(self.shard_bounds, start, stop, self._byte_range)
+        self._ahead.covered(start, stop)
+        advise_willneed(self.shard_bounds, start, stop, self._byte_ranges)
 
     def read_bytes(self, i: int) -> bytes:
         """The stored bytes of sample `i`."""
@@ -279,6 +286,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         n, shard = self._locate(int(i))
+        self._ahead.note(n, self)
         try:
             image, label = self._read(n, shard, as_bytes=False)
         except RecordError as exc:
