@@ -472,3 +472,16 @@ def test_raw_datasets_through_a_dataloader_with_workers(
         ]
         want = Counter(np.repeat(g[:, :, None], 3, axis=2).tobytes() for g in gray)
         assert got == want
+
+
+def test_raw_datasets_of_mixed_sizes_in_process(packed_raw: Any) -> None:
+    """conftest's tree (PNG and JPEG, colour and gray, several sizes) packed --encode raw."""
+    classes = sorted({rel.split("/")[0] for rel in packed_raw.files})
+    originals: Counter[tuple[tuple[int, ...], bytes, int]] = Counter()
+    for rel, data in packed_raw.files.items():
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        originals[rgb.shape, rgb.tobytes(), classes.index(rel.split("/")[0])] += 1
+    stream = ShardStream(packed_raw.path, chunk_size=2, shuffle_buffer=3, seed=3)
+    got = Counter((image.shape, image.tobytes(), label) for image, label in stream)
+    assert got == originals
