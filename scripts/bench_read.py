@@ -450,7 +450,7 @@ def main() -> None:
     from make_demo_data import CLASSES, write_demo
 
     from packer.config import usable_cores
-    from readers.formats.layout import FORMATS
+    from readers.formats import FORMATS
 
     cores = usable_cores()
     images = args.images or (4000 if args.quick else 10_000)

@@ -15,7 +15,7 @@ from packer.build import build
 from packer.config import BuildConfig
 from packer.verify import verify
 from readers import LmdbDataset, RecordIODataset, handles, open_dataset
-from readers.formats.layout import FORMATS
+from readers.formats import FORMATS
 from tests.conftest import encode
 
 DATASET_CLASS = {"lmdb": LmdbDataset, "recordio": RecordIODataset}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 FORMAT_VERSION = 1
 META_NAME = "meta.json"
 INDEX_NAME = "index.jsonl"
@@ -31,12 +29,3 @@ def shard_name(number: int) -> str:
     """The base name of shard `number`: ``shard-00000``."""
     return f"shard-{number:05d}"
 
-
-def __getattr__(name: str) -> Any:
-    # FORMATS moved to the registry (readers.formats); imported late, as the registry's
-    # format modules import this one.
-    if name == "FORMATS":
-        from readers.formats import FORMATS
-
-        return FORMATS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
