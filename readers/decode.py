@@ -37,7 +37,11 @@ _FROM_RAW = {
 
 
 def decode_raw(
-    data: bytes | memoryview, height: int, width: int, channels: int, mode: str = "rgb"
+    data: bytes | memoryview | np.ndarray,
+    height: int,
+    width: int,
+    channels: int,
+    mode: str = "rgb",
 ) -> np.ndarray:
     """Pixels stored by ``packer build --encode raw`` (uint8, RGB / gray / RGBA) as HxWxC.
 
@@ -107,5 +111,5 @@ def decode_sample(
     if mode == "bytes":
         return bytes(data)
     if stored == "raw":
-        return decode_raw(np.frombuffer(data, np.uint8), height, width, channels, mode)
+        return decode_raw(data, height, width, channels, mode)
     return decode_image(data, mode)
