@@ -25,6 +25,8 @@ _EXPORTS = {
     "ShardStream": "readers.stream",
     "load_index": "readers.index",
     "decode_image": "readers.decode",
+    "decode_sample": "readers.decode",
+    "stage": "readers.staging",
     "LoaderStats": "readers.stats",
 }
 
