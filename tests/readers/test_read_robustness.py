@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import textwrap
@@ -29,9 +28,9 @@ from packer.config import BuildConfig
 from packer.verify import verify
 from readers import LmdbDataset, RecordIODataset, handles, open_dataset
 from readers.errors import DatasetFormatError, RecordError
+from readers.formats import FORMATS, REGISTRY
 from readers.index import load_index, load_meta
 
-FORMATS = ("lmdb", "recordio")
 SHAPE = (12, 10, 3)
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,23 +82,22 @@ def meta_of(out: Path) -> dict[str, Any]:
 
 
 def corrupt_image_byte(out: Path, i: int, *, at: int = -20) -> None:
-    """Flip one byte inside the stored image bytes of sample `i` (not in any header)."""
-    row = rows(out)[i]
+    """Flip one byte inside the stored image bytes of sample `i` (not in any header), where
+    the shard's data file holds them."""
+    stored = open_dataset(out, decode="bytes").read_bytes(i)
     meta = meta_of(out)
-    shard = meta["shards"][row["shard"]]["name"]
+    fmt = REGISTRY[meta["format"]]
+    shard = meta["shards"][rows(out)[i]["shard"]]["name"]
     handles.close_all()
-    if meta["format"] == "lmdb":
-        env = lmdb.open(str(out / shard))
-        with env.begin(write=True) as txn:
-            data = bytearray(txn.get(row["key"].encode()))
-            data[at] ^= 0xFF
-            txn.put(row["key"].encode(), bytes(data))
-        env.close()
-    else:
-        rec = out / f"{shard}.rec"
-        blob = bytearray(rec.read_bytes())
-        blob[row["offset"] + 8 + 24 + row["nbytes"] + at] ^= 0xFF
-        rec.write_bytes(bytes(blob))
+    data = Path(fmt.data_file(fmt.shard_path(out, shard)))
+    blob = bytearray(data.read_bytes())
+    # every copy: a database file may keep stale copies of a value in pages it has freed
+    where = bytes(blob).find(stored)
+    assert where >= 0
+    while where >= 0:
+        blob[where + len(stored) + at if at < 0 else where + at] ^= 0xFF
+        where = bytes(blob).find(stored, where + 1)
+    data.write_bytes(bytes(blob))
 
 
 def break_record(out: Path, i: int) -> None:
@@ -262,7 +260,7 @@ def test_workers_by_every_start_method_over_three_epochs(built, tmp_path, method
     script.write_text(WORKER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(script), method, "3", str(built["lmdb"]), str(built["recordio"])],
+        [sys.executable, str(script), method, "3", *(str(built[fmt]) for fmt in FORMATS)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -680,7 +678,3 @@ def test_fuzzed_meta_json_raises_only_dataset_format_error(tmp_path, data, mode)
     _load(root)
     with contextlib.suppress(DatasetFormatError):
         load_meta(root)
-
-
-def test_struct_sizes_used_by_the_tests():
-    assert struct.calcsize("<IfQQ") == 24  # the IRHeader skipped by corrupt_image_byte
