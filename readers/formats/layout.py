@@ -28,4 +28,3 @@ INDEX_FIELDS = (
 def shard_name(number: int) -> str:
     """The base name of shard `number`: ``shard-00000``."""
     return f"shard-{number:05d}"
-
