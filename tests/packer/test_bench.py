@@ -4,6 +4,8 @@ asserts), and the pure parts: recommendation, collate, warnings."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -11,8 +13,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from packer import bench
-from packer.bench import BenchRow, Storage, collate, recommend, shm_warnings, storage_warnings
+from packer.bench import (
+    BenchRow,
+    Storage,
+    collate,
+    recommend,
+    shm_warnings,
+    storage_warnings,
+    system,
+)
 from packer.build import build
 from packer.cli import app
 from packer.config import BuildConfig, usable_cores
@@ -65,6 +74,72 @@ def test_table_has_a_row_per_worker_count_and_a_recommendation(packed):
     assert len(recommended) == 1
     assert int(recommended[0].split("num_workers=")[1].split(":")[0]) in rows
     assert "20 samples" in result.stdout
+
+
+@pytest.fixture(scope="module", params=["lmdb", "recordio"])
+def packed_raw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`packer build --encode raw` (decoded pixels, not images) in each format."""
+    root = tmp_path_factory.mktemp(f"bench-raw-{request.param}")
+    src, out = root / "src", root / f"out.{request.param}"
+    write_fixed(src, {"a": 10, "b": 10})
+    args = ["build", str(src), str(out), "--format", request.param, "--encode", "raw"]
+    result = runner.invoke(app, [*args, "--workers", "1", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    assert {r["format"] for r in rows} == {"raw"}
+    return out
+
+
+@pytest.mark.parametrize(("decode", "channels"), [("rgb", 3), ("bgr", 3), ("gray", 1)])
+def test_bench_reads_raw_pixels(packed_raw, decode, channels):
+    fmt = packed_raw.suffix[1:]
+    args = ["bench", str(packed_raw), *FAST, "--workers", "0,1", "--decode", decode]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["format"] == fmt
+    assert report["num_samples"] == 20
+    for r in report["results"]:
+        assert r["samples"] == 12
+        assert r["samples_per_s"] > 0
+        assert r["stacked"]  # every sample came back as a 16x16 array, so the batch stacks
+        assert r["batch_bytes"] == 4 * 16 * 16 * channels + 4 * 8
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert f"20 samples ({fmt}" in text.stdout
+    assert sorted(table_rows(text.stdout)) == [0, 1]
+    assert "the images differ in size" not in text.stdout
+
+
+def corrupt_first_png(out: Path) -> None:
+    """Overwrite the signature of the first PNG stored in the dataset's shard files."""
+    signature = b"\x89PNG\r\n\x1a\n"
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.suffix != ".json"):
+        data = bytearray(path.read_bytes())
+        at = data.find(signature)
+        if at >= 0:
+            data[at : at + 16] = bytes(16)
+            path.write_bytes(bytes(data))
+            return
+    raise AssertionError(f"no PNG stored under {out}")
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "recordio"])
+def test_a_sample_that_cannot_be_read_fails_the_bench_instead_of_hanging(tmp_path, fmt):
+    # with num_workers=0 paddle reads in a thread that dies silently on an exception and
+    # leaves the loader waiting forever; a subprocess with a timeout turns a hang into a failure
+    src, out = tmp_path / "src", tmp_path / f"out.{fmt}"
+    write_fixed(src, {"a": 4})
+    build(BuildConfig(src=src, out=out, format=fmt, workers=1, progress=False), log=lambda _m: None)
+    corrupt_first_png(out)
+    for workers in ("0", "1"):
+        args = ["bench", str(out), *FAST, "--workers", workers]
+        run = subprocess.run(
+            [sys.executable, "-m", "packer.cli", *args], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 2, (workers, run.stderr[-2000:])
+        assert "packer: error:" in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr
 
 
 def test_json_has_the_fields(packed):
@@ -188,7 +263,7 @@ def test_collate_stacks_same_shapes_and_keeps_lists_otherwise():
 
 
 def test_shm_warnings(monkeypatch):
-    monkeypatch.setattr(bench, "shm_free", lambda: 64 * 2**20)  # docker's default 64 MiB
+    monkeypatch.setattr(system, "shm_free", lambda: 64 * 2**20)  # docker's default 64 MiB
     big = 64 * 224 * 224 * 3 * 4  # a batch of 64 float32 224x224 images: 38.5 MB
     (warning,) = shm_warnings(shared_memory=True, batch_bytes=big, workers=4, prefetch_factor=2)
     assert "/dev/shm has 67 MB free" in warning
@@ -197,7 +272,7 @@ def test_shm_warnings(monkeypatch):
     assert shm_warnings(shared_memory=True, batch_bytes=big, workers=0, prefetch_factor=2) == []
     (off,) = shm_warnings(shared_memory=False, batch_bytes=1, workers=2, prefetch_factor=2)
     assert "shared memory is off" in off
-    monkeypatch.setattr(bench, "shm_free", lambda: None)
+    monkeypatch.setattr(system, "shm_free", lambda: None)
     (missing,) = shm_warnings(shared_memory=True, batch_bytes=1, workers=2, prefetch_factor=2)
     assert "/dev/shm is missing" in missing
 
@@ -220,7 +295,7 @@ def test_no_shared_memory_warns(packed):
     ],
 )
 def test_storage_warnings(monkeypatch, tmp_path, storage, expected):
-    monkeypatch.setattr(bench, "storage_of", lambda _path: storage)
+    monkeypatch.setattr(system, "storage_of", lambda _path: storage)
     warnings = storage_warnings(tmp_path, 1000)
     if expected is None:
         assert warnings == []
@@ -231,7 +306,7 @@ def test_storage_warnings(monkeypatch, tmp_path, storage, expected):
 
 
 def test_storage_of_finds_the_mount_of_a_real_path(tmp_path):
-    where = bench.storage_of(tmp_path)
+    where = system.storage_of(tmp_path)
     assert where is not None
     assert str(tmp_path).startswith(where.mountpoint)
     assert where.fstype

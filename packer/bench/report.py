@@ -1,0 +1,224 @@
+"""``packer bench`` end to end: time each num_workers (and the loose files), recommend one, and
+explain it with warnings; :class:`BenchReport` prints as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from packer.bench.batches import make_transform
+from packer.bench.loose import LooseFilesDataset
+from packer.bench.measure import (
+    EPOCH_RESTART_S,
+    NEAR_BEST,
+    BenchConfig,
+    BenchRow,
+    measure_loader,
+    recommend,
+)
+from packer.bench.system import gb, shm_warnings, storage_of, storage_warnings, tree_bytes
+from packer.config import usable_cores
+
+
+@dataclass
+class BenchReport:
+    """Everything ``packer bench`` found; :meth:`text` for people, :meth:`as_dict` for scripts."""
+
+    dataset: str
+    format: str
+    num_samples: int
+    dataset_bytes: int
+    cores: int
+    batch_size: int
+    decode: str
+    transform: str
+    limit: str
+    rows: list[BenchRow] = field(default_factory=list)
+    compare: list[BenchRow] = field(default_factory=list)
+    compare_src: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def recommended(self) -> BenchRow:
+        return recommend(self.rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        rec = self.recommended
+        best = max(r.samples_per_s for r in self.rows)
+        return {
+            "dataset": self.dataset,
+            "format": self.format,
+            "num_samples": self.num_samples,
+            "dataset_bytes": self.dataset_bytes,
+            "cores": self.cores,
+            "batch_size": self.batch_size,
+            "decode": self.decode,
+            "transform": self.transform,
+            "limit": self.limit,
+            "results": [asdict(r) for r in self.rows],
+            "compare_src": self.compare_src,
+            "compare": [asdict(r) for r in self.compare],
+            "best_samples_per_s": best,
+            "recommended_num_workers": rec.num_workers,
+            "recommended_samples_per_s": rec.samples_per_s,
+            "warnings": self.warnings,
+            "notes": self.notes,
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+    def text(self) -> str:
+        best = max(r.samples_per_s for r in self.rows)
+        loose = {r.num_workers: r.samples_per_s for r in self.compare}
+        lines = [
+            f"{self.dataset}: {self.num_samples:,} samples ({self.format}, "
+            f"{gb(self.dataset_bytes)}), batch {self.batch_size}, decode {self.decode}, "
+            f"transform {self.transform}; {self.limit} per setting, {self.cores} usable cores",
+            "",
+        ]
+        header = ["source", "workers", "samples/s", "vs best", "CPU cores", "wait/batch"]
+        if loose:
+            header.append("vs loose")
+        table = [header]
+        for r in [*self.rows, *self.compare]:
+            row = [
+                r.source,
+                str(r.num_workers),
+                f"{r.samples_per_s:,.0f}",
+                f"{r.samples_per_s / best:.0%}",
+                "-" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
+                f"{r.mean_wait_ms:.1f} ms",
+            ]
+            if loose:
+                base = loose.get(r.num_workers)
+                row.append(
+                    f"{r.samples_per_s / base:.2f}x" if r.source == "packed" and base else ""
+                )
+            table.append(row)
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            cells = [
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ]
+            lines.append("  ".join(cells).rstrip())
+        rec = self.recommended
+        lines += [
+            "",
+            f"use num_workers={rec.num_workers}: {rec.samples_per_s:,.0f} samples/s, the "
+            f"smallest setting within {NEAR_BEST:.0%} of the best ({best:,.0f}/s)",
+        ]
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _describe_limit(cfg: BenchConfig) -> str:
+    parts = []
+    if cfg.limit_seconds is not None:
+        parts.append(f"{cfg.limit_seconds:g} s")
+    if cfg.batches is not None:
+        parts.append(f"{cfg.batches} batches")
+    return " or ".join(parts) + " after warm-up"
+
+
+def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> BenchReport:
+    """Measure the dataset at ``cfg.path`` (and ``cfg.compare``) for each num_workers.
+
+    Raises:
+        ConfigError: an option is unusable (see :class:`BenchConfig`), or ``--compare`` does
+            not point at the dataset's source files.
+        readers.errors.ReaderError: the dataset cannot be opened.
+    """
+    from readers.datasets import open_dataset
+    from readers.samplers import ChunkShuffleBatchSampler
+
+    say = log or (lambda _msg: None)
+    transform = make_transform(cfg.transform)
+    dataset = open_dataset(cfg.path, decode=cfg.decode, transform=transform)
+    cores = usable_cores()
+    index = getattr(dataset, "index", None)
+    fmt = index.format if index is not None else getattr(dataset, "format", "?")
+    report = BenchReport(
+        dataset=str(cfg.path),
+        format=fmt,
+        num_samples=len(dataset),
+        dataset_bytes=tree_bytes(cfg.path),
+        cores=cores,
+        batch_size=cfg.batch_size,
+        decode=cfg.decode,
+        transform=cfg.transform,
+        limit=_describe_limit(cfg),
+    )
+    loose = None
+    if cfg.compare is not None:
+        loose = LooseFilesDataset.for_packed(
+            cfg.path, cfg.compare, decode=cfg.decode, transform=transform
+        )
+        report.compare_src = str(cfg.compare)
+
+    for w in cfg.worker_counts:
+        say(f"timing {cfg.path} with num_workers={w}")
+        sampler = ChunkShuffleBatchSampler(
+            dataset, batch_size=cfg.batch_size, seed=cfg.seed, rank=0, world_size=1
+        )
+        report.rows.append(measure_loader(dataset, sampler, num_workers=w, cfg=cfg))
+    if loose is not None:
+        import paddle
+
+        for w in cfg.worker_counts:
+            say(f"timing the loose files under {cfg.compare} with num_workers={w}")
+            plain = paddle.io.BatchSampler(loose, batch_size=cfg.batch_size, shuffle=True)
+            report.compare.append(
+                measure_loader(loose, plain, num_workers=w, cfg=cfg, source="loose")
+            )
+        report.notes.append(
+            "loose files are read in a random order (BatchSampler(shuffle=True), as with "
+            "DatasetFolder), packed ones in chunk-shuffled order; both as warm as the page "
+            "cache left them"
+        )
+
+    over = [w for w in cfg.worker_counts if w > cores]
+    if over:
+        report.warnings.append(
+            f"num_workers={', '.join(map(str, over))} is above the {cores} usable cores: the "
+            "workers compete for CPU with each other and with the training step"
+        )
+    rec = report.recommended
+    if rec.num_workers == max(cfg.worker_counts) and rec.num_workers < cores:
+        report.notes.append(
+            f"the fastest setting is the largest tried; try num_workers up to {cores}"
+        )
+    if not all(r.stacked for r in report.rows):
+        report.notes.append(
+            "the images differ in size, so batches are lists of arrays, not one stacked "
+            "array; --transform resize224 times a fixed-size pipeline"
+        )
+    epoch_s = report.num_samples / rec.samples_per_s if rec.samples_per_s else 0.0
+    restart = EPOCH_RESTART_S / (epoch_s + EPOCH_RESTART_S)
+    if rec.num_workers > 0 and restart >= 0.05:
+        report.warnings.append(
+            f"an epoch takes about {epoch_s:.1f} s at num_workers={rec.num_workers}, and "
+            f"paddle's persistent workers sleep {EPOCH_RESTART_S} s at the start of every "
+            f"epoch: {restart:.0%} of the time; with epochs this short, "
+            "persistent_workers=False (the workers restart in tens of ms) is faster"
+        )
+    batch_bytes = max(r.batch_bytes for r in report.rows)
+    report.warnings += shm_warnings(
+        shared_memory=cfg.shared_memory,
+        batch_bytes=batch_bytes,
+        workers=max(cfg.worker_counts),
+        prefetch_factor=cfg.prefetch_factor,
+    )
+    report.warnings += storage_warnings(cfg.path, report.dataset_bytes)
+    if cfg.compare is not None:
+        report.warnings += [
+            w.replace(str(cfg.compare), f"the loose files {cfg.compare}", 1)
+            for w in storage_warnings(cfg.compare, 0)
+            if storage_of(cfg.compare) != storage_of(cfg.path)
+        ]
+    return report
