@@ -21,7 +21,7 @@ from packer.plan import ShardPlan
 from packer.problems import NO_LABEL, Problem
 from packer.records import Entry, Record
 from packer.writers.base import ShardWriter
-from packer.writers.part import ShardPart, part_paths
+from packer.writers.part import IndexRow, ShardPart, part_paths
 from readers.formats.layout import shard_name
 
 
@@ -30,16 +30,22 @@ def writer_class(fmt: str) -> type[ShardWriter]:
     return FORMATS[fmt].writer
 
 
-def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Record | Problem]:
+Prepared = tuple[Record | Problem, IndexRow | None]
+"""An entry read, checked and transformed, with its index row when that was made already
+(in the process pool of the local engine, beside the reading)."""
+
+
+def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Prepared]:
     """Each entry read, checked and transformed in this process, in entry order."""
     for e in entries:
-        yield prepare(
+        item = prepare(
             e.file.rel,
             e.file.path,
             e.label,
             decode_check=cfg.decode_check,
             transform=cfg.transform,
         )
+        yield item, None
 
 
 def check_input(
@@ -57,7 +63,7 @@ def write_shard(
     tmp: Path,
     shard: ShardPlan,
     entries: list[Entry],
-    items: Iterator[Record | Problem],
+    items: Iterator[Prepared],
     cfg: BuildConfig,
     *,
     first_id: int,
@@ -87,14 +93,18 @@ def write_shard(
     try:
         problems: list[Problem] = []
         for entry in entries:
-            item = check_input(entry, next(items), shard_cls)
+            got, row = next(items)
+            item = check_input(entry, got, shard_cls)
             if isinstance(item, Problem):
                 if cfg.on_error == "fail":
                     raise InputError(item.path, item.reason, item.message)
                 problems.append(item)
                 stored = 0
             else:
-                part.add(item)
+                if row is None:
+                    part.add(item)
+                else:
+                    part.add(item, row)
                 stored = len(item.data)
             if advance is not None:
                 advance(stored)

@@ -27,8 +27,9 @@ from packer.errors import PackerError
 from packer.plan import ShardPlan
 from packer.problems import CHANGED, Problem
 from packer.records import Entry, Record
-from packer.task import PortableError, portable, rebuild, run_shard, write_shard
-from packer.writers.part import read_done
+from packer.task import PortableError, Prepared, portable, rebuild, run_shard, write_shard
+from packer.task import prepared as task_prepared
+from packer.writers.part import index_row, read_done
 
 _BATCH = 32  # images per task sent to a worker process: amortises the IPC
 _IN_FLIGHT = 4  # tasks queued per worker: enough to keep each busy, and memory bounded
@@ -44,13 +45,17 @@ def _prepare_batch(
     decode_check: bool,
     transform: Transform,
     strip: bool = False,
-) -> list[Record | Problem]:
-    results = [
-        prepare(rel, path, label, decode_check=decode_check, transform=transform)
-        for rel, path, label in batch
-    ]
-    if strip:  # the caller reads the original bytes itself: no need to pipe them over
-        results = [replace(r, data=b"") if isinstance(r, Record) else r for r in results]
+) -> list[Prepared]:
+    """In a pool process: each image prepared, with its index row (encoded here, not in the
+    writing process); with `strip`, without the bytes (the writer reads them again)."""
+    results: list[Prepared] = []
+    for rel, path, label in batch:
+        item = prepare(rel, path, label, decode_check=decode_check, transform=transform)
+        if isinstance(item, Record):
+            row = index_row(item)
+            results.append((replace(item, data=b"") if strip else item, row))
+        else:
+            results.append((item, None))
     return results
 
 
@@ -73,7 +78,7 @@ def restore(item: Record | Problem, path: str) -> Record | Problem:
     return replace(item, data=got)
 
 
-def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Record | Problem]:
+def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Prepared]:
     """Each entry read, checked and transformed, in entry order.
 
     With several workers the images are processed in a process pool while this process
@@ -84,17 +89,16 @@ def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Record | Proble
     tasks = [(e.file.rel, e.file.path, e.label) for e in entries]
     batches = (tasks[i : i + _BATCH] for i in range(0, len(tasks), _BATCH))
     if cfg.workers <= 1 or len(entries) < 2 * _BATCH:
-        for batch in batches:
-            yield from _prepare_batch(batch, cfg.decode_check, cfg.transform)
+        yield from task_prepared(entries, cfg)
         return
     strip = cfg.transform.identity  # original bytes: re-read here rather than piped back
     with _pool(cfg.workers) as pool:
         pending: deque[tuple[Any, list[tuple[str, str, Any]]]] = deque()
 
-        def collect() -> Iterator[Record | Problem]:
+        def collect() -> Iterator[Prepared]:
             result, batch = pending.popleft()
-            for item, (_, path, _) in zip(result.get(), batch, strict=True):
-                yield restore(item, path)
+            for (item, row), (_, path, _) in zip(result.get(), batch, strict=True):
+                yield restore(item, path), row
 
         for batch in batches:
             args = (batch, cfg.decode_check, cfg.transform, strip)

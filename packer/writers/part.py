@@ -133,7 +133,7 @@ class ShardPart:
         self.label_kinds: set[str] = set()
         self.notes: list[dict[str, Any]] = []  # Record.notes, with the shard-local position
         self._rows = open(self.paths["rows"], "w", encoding="utf-8", newline="\n")  # noqa: SIM115
-        self._columns: dict[str, list[Any]] = {name: [] for name in PART_SCHEMA.names}
+        self._values: list[tuple[Any, ...]] = []  # one index.parquet row (PART_SCHEMA) each
 
     def add(self, record: Record, row: IndexRow | None = None) -> None:
         """Store one record; `row` is its `index_row` when the caller made it already."""
@@ -142,18 +142,21 @@ class ShardPart:
             row = index_row(record)
         at = "" if offset is None else offset
         self._rows.write(f"{row.head}\t{_JSON.encode(key)}\t{at}\t{row.tail}}}\n")
-        columns = self._columns
-        columns["path"].append(record.rel)
-        columns["label_json"].append(row.label_json)
-        columns["label_int"].append(row.label_int)
-        columns["key"].append(key)
-        columns["offset"].append(offset)
-        columns["nbytes"].append(len(record.data))
-        columns["width"].append(record.width)
-        columns["height"].append(record.height)
-        columns["channels"].append(record.channels)
-        columns["format"].append(record.format)
-        columns["crc32"].append(record.crc32)
+        self._values.append(
+            (
+                record.rel,
+                row.label_json,
+                row.label_int,
+                key,
+                offset,
+                len(record.data),
+                record.width,
+                record.height,
+                record.channels,
+                record.format,
+                record.crc32,
+            )
+        )
         self.label_kinds.add(row.label_kind)
         if record.notes:
             self.notes.extend({"local": self.count, **n.as_json()} for n in record.notes)
@@ -163,13 +166,16 @@ class ShardPart:
     def finish(self, problems: list[Problem]) -> dict[str, Any]:
         """Close the shard, write its side files and, last, its completion marker."""
         file_bytes = self.shard.close()
+        columns: list[Any] = [list(c) for c in zip(*self._values, strict=True)] or [
+            [] for _ in PART_SCHEMA.names
+        ]
         late = self.shard.record_offsets()  # where the bytes start, for index.parquet
         if late is not None:
-            self._columns["offset"] = [int(x) for x in late]
+            columns[PART_SCHEMA.get_field_index("offset")] = late.tolist()
         self._rows.flush()
         os.fsync(self._rows.fileno())
         self._rows.close()
-        table = pa.table(self._columns, schema=PART_SCHEMA)
+        table = pa.Table.from_arrays(columns, schema=PART_SCHEMA)
         with (
             pa.OSFile(str(self.paths["columns"]), "wb") as sink,
             pa.ipc.new_file(sink, PART_SCHEMA) as arrow,
