@@ -1,23 +1,22 @@
-"""Shard writers: the base owns rollover, checksums and the index; a format writes bytes."""
+"""Shard writers: `ShardWriter` (one per format, in ``packer/writers/<fmt>.py``, registered in
+`packer.formats`), `ShardPart` (one planned shard of a build) and `merge_parts` (the index)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from packer.writers.base import ShardWriter
-from packer.writers.lmdb import LmdbShardWriter
 from packer.writers.merge import merge_parts
 from packer.writers.part import ShardPart
-from packer.writers.recordio import RecordIOShardWriter
 
-# format name -> writer class (until the packer-side registry, packer.formats, takes over)
-WRITERS: dict[str, type[ShardWriter]] = {
-    cls.format: cls for cls in (LmdbShardWriter, RecordIOShardWriter)
-}
 
-__all__ = [
-    "WRITERS",
-    "LmdbShardWriter",
-    "RecordIOShardWriter",
-    "ShardPart",
-    "ShardWriter",
-    "merge_parts",
-]
+def __getattr__(name: str) -> Any:
+    if name == "WRITERS":  # format name -> writer class, from the registry (imported late:
+        # packer.formats imports this package)
+        from packer.formats import FORMATS
+
+        return {fmt.name: fmt.writer for fmt in FORMATS.values()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["WRITERS", "ShardPart", "ShardWriter", "merge_parts"]
