@@ -17,11 +17,14 @@ from packer.labels.dirname import dirname_labels
 from packer.labels.sidecar import sidecar_labels
 from packer.problems import Problem
 from packer.records import Entry
-from packer.scan import resolve_entry, scan_tree
+from packer.scan import ScanResult, resolve_entry, scan_tree
 
 
 @dataclass
 class LabelPlan:
+    """The files to pack with their labels, the problems found on the way, and where the
+    labels came from (``source``, ``classes``, ``class_map``: written to meta.json)."""
+
     entries: list[Entry]
     problems: list[Problem]
     source: str  # dirname | sidecar | none | <kind>:<file>[, <kind>:<file> ...]
@@ -121,6 +124,54 @@ def check_specs(specs: Sequence[str]) -> None:
         )
 
 
+def _sidecar_plan(scan: ScanResult, src: Path, class_map: str | None) -> LabelPlan:
+    items, bad, both = sidecar_labels(scan)
+    plan = LabelPlan(
+        [],
+        [*scan.problems, *bad],
+        "sidecar",
+        ignored=scan.ignored,
+        extra={"sidecar_both": both},
+    )
+    if class_map is None:
+        plan.entries = [entry for entry, _ in items]
+    else:
+        labels = (entry.label for entry, _ in items if entry.labelled)
+        _finish_class_map(plan, items, src, class_map, labels)
+    plan.problems.sort(key=lambda p: p.path)
+    return plan
+
+
+def _dirname_plan(
+    scan: ScanResult,
+    src: Path,
+    *,
+    depth: int,
+    exclude: tuple[str, ...],
+    class_map: str | None,
+) -> LabelPlan:
+    if not scan.top_dirs:
+        raise LabelSourceError(
+            f"--labels dirname: {src} has no class folders (found only files); use "
+            "--labels none or a list file"
+        )
+    classes, items = dirname_labels(scan, src, depth=depth, exclude=exclude)
+    if not classes:
+        raise LabelSourceError(
+            f"--labels dirname --label-depth {depth}: no folders {depth} levels under {src} "
+            f"(found the top-level folders {scan.top_dirs[:10]}); use a smaller "
+            "--label-depth"
+        )
+    plan = LabelPlan([], list(scan.problems), "dirname", ignored=scan.ignored)
+    if class_map is None or class_map == "auto":
+        plan.entries = apply_class_map(items, ClassMap(classes, "auto"), plan.problems)
+        plan.classes, plan.class_map = classes, "auto"
+    else:
+        _finish_class_map(plan, items, src, class_map, ())
+    plan.problems.sort(key=lambda p: p.path)
+    return plan
+
+
 def plan_labels(
     src: Path,
     spec: str | Sequence[str],
@@ -150,42 +201,9 @@ def plan_labels(
     kind = specs[0]
     scan = scan_tree(src, exclude=exclude)
     if kind == "sidecar":
-        items, bad, both = sidecar_labels(scan)
-        plan = LabelPlan(
-            [],
-            [*scan.problems, *bad],
-            "sidecar",
-            ignored=scan.ignored,
-            extra={"sidecar_both": both},
-        )
-        if class_map is None:
-            plan.entries = [entry for entry, _ in items]
-        else:
-            labels = (entry.label for entry, _ in items if entry.labelled)
-            _finish_class_map(plan, items, src, class_map, labels)
-        plan.problems.sort(key=lambda p: p.path)
-        return plan
+        return _sidecar_plan(scan, src, class_map)
     if kind == "dirname" or (kind == "auto" and scan.top_dirs):
-        if not scan.top_dirs:
-            raise LabelSourceError(
-                f"--labels dirname: {src} has no class folders (found only files); use "
-                "--labels none or a list file"
-            )
-        classes, items = dirname_labels(scan, src, depth=depth, exclude=exclude)
-        if not classes:
-            raise LabelSourceError(
-                f"--labels dirname --label-depth {depth}: no folders {depth} levels under {src} "
-                f"(found the top-level folders {scan.top_dirs[:10]}); use a smaller "
-                "--label-depth"
-            )
-        plan = LabelPlan([], list(scan.problems), "dirname", ignored=scan.ignored)
-        if class_map is None or class_map == "auto":
-            plan.entries = apply_class_map(items, ClassMap(classes, "auto"), plan.problems)
-            plan.classes, plan.class_map = classes, "auto"
-        else:
-            _finish_class_map(plan, items, src, class_map, ())
-        plan.problems.sort(key=lambda p: p.path)
-        return plan
+        return _dirname_plan(scan, src, depth=depth, exclude=exclude, class_map=class_map)
     if class_map is not None:
         raise LabelSourceError(
             f"--class-map {class_map}: there are no labels to map (--labels {kind}"
