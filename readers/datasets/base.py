@@ -197,13 +197,17 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         except cv2.error as exc:  # some corrupt headers make OpenCV raise instead of fail
             raise ValueError(f"OpenCV: {exc}") from exc
 
-    def _check_crc(self, i: int, data: Any, where: str) -> None:
-        """With ``verify_crc``, raise `RecordError` unless `data` has sample `i`'s CRC-32."""
+    def _check_crc(self, i: int, data: Any, where: Callable[[], str]) -> None:
+        """With ``verify_crc``, raise `RecordError` unless `data` has sample `i`'s CRC-32.
+
+        `where` names the sample for the message; it is called only on a mismatch, because
+        finding the source path reads the index file.
+        """
         if self.verify_crc and self.index is not None:
             crc = zlib.crc32(data)
             if crc != int(self.index.crc32[i]):
                 raise RecordError(
-                    f"{where}: CRC-32 {crc:08x} does not match the index "
+                    f"{where()}: CRC-32 {crc:08x} does not match the index "
                     f"({int(self.index.crc32[i]):08x})"
                 )
 

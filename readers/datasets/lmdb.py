@@ -92,7 +92,7 @@ class LmdbDataset(ShardedDataset):
                 buf = txn.get(key)
                 if buf is None:
                     raise RecordError(f"{self._where(i, shard, key)}: the key is missing")
-                self._check_crc(i, buf, self._where(i, shard, key))
+                self._check_crc(i, buf, lambda: self._where(i, shard, key))
                 if as_bytes or self.decode == "bytes":
                     image: Any = bytes(buf)
                 else:

@@ -277,7 +277,7 @@ class RecordIODataset(ShardedDataset):
                     f"{self._where(i, shard)}: the record's header id is {header.id}; the index "
                     "points at another record"
                 )
-            self._check_crc(i, image, self._where(i, shard))
+            self._check_crc(i, image, lambda: self._where(i, shard))
             label: Any = self.index.labels[i]
         else:
             label = header_label

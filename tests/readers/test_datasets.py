@@ -185,3 +185,29 @@ def test_dataloader_reads_every_sample(tmp_path: Path, fmt: str, workers: int) -
             cls, i = ("a", "b")[n // 20], n % 20
             assert label == ("a", "b").index(cls)
             np.testing.assert_array_equal(image, expected[(cls, i)])
+
+
+def test_reading_does_not_look_up_source_paths(
+    packed: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source path is for error messages only: finding it reads the index file, so a
+    read that succeeds must not ask for it (it once cost 600 us per sample)."""
+    from readers.index import DatasetIndex
+
+    calls: list[int] = []
+    original = DatasetIndex.path_of
+
+    def counting(self: DatasetIndex, i: int) -> str | None:
+        calls.append(i)
+        return original(self, i)
+
+    monkeypatch.setattr(DatasetIndex, "path_of", counting)
+    ds = open_dataset(packed.path, decode="bytes", verify_crc=True)
+    for i in range(len(ds)):
+        ds[i]
+    assert calls == []
+    ds.index.crc32 = ds.index.crc32.copy()
+    ds.index.crc32[0] ^= 1  # the error path still names the source
+    with pytest.raises(RecordError, match=r"CRC-32"):
+        ds[0]
+    assert calls == [0]
