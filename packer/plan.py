@@ -61,14 +61,16 @@ def plan_shards(sizes: list[int], shard_size: int) -> list[ShardPlan]:
     return shards
 
 
+_ENTRY_JSON = json.JSONEncoder(default=str)  # json.dumps' output, without a new encoder per entry
+
+
 def plan_digest(entries: list[Entry], sizes: list[int], options: dict[str, Any]) -> str:
     """A digest of everything that decides the output: entries, labels, sizes, options."""
     digest = hashlib.sha256()
     digest.update(json.dumps(options, sort_keys=True, default=str).encode())
+    encode = _ENTRY_JSON.encode
     for entry, size in zip(entries, sizes, strict=True):
-        digest.update(
-            json.dumps([entry.file.rel, entry.label, entry.labelled, size], default=str).encode()
-        )
+        digest.update(encode([entry.file.rel, entry.label, entry.labelled, size]).encode())
         digest.update(b"\n")
     return digest.hexdigest()
 
