@@ -33,6 +33,7 @@ __all__ = [
     "FIRST_WINDOW_BYTES",
     "MAX_GAP_BYTES",
     "MAX_WINDOW_BYTES",
+    "FileAhead",
     "Readahead",
     "SequentialDetector",
     "coalesce",
@@ -178,19 +179,25 @@ class Readahead:
     def __getstate__(self) -> dict[str, Any]:
         return {"_pid": -1, "_detector": None, "_explicit": (0, 0), "_own": False, "hints": 0}
 
+    def _this_process(self) -> None:
+        if self._pid != os.getpid():  # new, or a copy made by fork: start afresh
+            self._pid = os.getpid()
+            self._detector = None
+            self._explicit = (0, 0)
+            self.hints = 0
+
     def covered(self, start: int, stop: int) -> None:
         """The ids ``[start, stop)`` were hinted by the caller (not by this detector)."""
         if not self._own:
+            self._this_process()
             self._explicit = (int(start), int(stop))
 
     def note(self, i: int, dataset: Any) -> None:
         """Note a read of sample `i` of `dataset`; hint the samples ahead when due."""
         try:
-            if self._pid != os.getpid() or self._detector is None:
-                self._pid = os.getpid()
+            self._this_process()
+            if self._detector is None:
                 self._detector = detector_for(record_bytes(dataset))
-                self._explicit = (0, 0)
-                self.hints = 0
             if self._explicit[0] <= i < self._explicit[1]:
                 return
             found = self._detector.observe(i)
@@ -206,6 +213,38 @@ class Readahead:
                 finally:
                     self._own = False
         except Exception:  # a hint must never fail a read
+            return
+
+
+class FileAhead:
+    """Hints for one file read front to back by a caller that knows it (``packer verify``):
+    `at` keeps up to `most` bytes ahead of the read position hinted, in windows that start at
+    `first` bytes and double."""
+
+    def __init__(
+        self, path: str, *, first: int = FIRST_WINDOW_BYTES, most: int = MAX_WINDOW_BYTES
+    ) -> None:
+        self.path = path
+        self.size = os.path.getsize(path)
+        self.window = max(1, first)
+        self.most = max(self.window, most)
+        self.frontier = 0
+        self.hints = 0
+
+    def at(self, position: int) -> None:
+        """The caller reads at byte `position` now; hint ahead of it when due. Never raises."""
+        if self.frontier >= self.size or self.frontier - position > self.window // 2:
+            return
+        start = max(self.frontier, int(position))
+        stop = min(self.size, start + self.window, int(position) + self.most)
+        self.window = min(2 * self.window, self.most)
+        if stop <= start:
+            return
+        self.frontier = stop
+        try:
+            willneed(self.path, start, stop)
+            self.hints += 1
+        except OSError:
             return
 
 

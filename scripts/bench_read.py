@@ -1,27 +1,22 @@
-"""Read speed: packed LMDB/RecordIO vs DatasetFolder over the loose files vs the decode bound.
+"""Read speed as a user gets it: packed datasets vs loose files through paddle's DataLoader, cold.
 
-Generates a tree of small real-looking images (scripts/make_demo_data.py: 64x64 PNG and JPEG
-in 10 class folders), packs it with ``packer build`` (LMDB, and RecordIO when the readers have
-``RecordIODataset``), then times, side by side in one run, ``paddle.io.DataLoader`` (batch 64,
-num_workers 0..cores, use_shared_memory=True, the same OpenCV RGB decode and collate) over:
+Packs the oxygen icons resized to 64x64 PNG (8,813 real images; demo shapes when Debian's
+oxygen-icon-theme is not installed) in every registered format, then times, side by side in
+one run, ``paddle.io.DataLoader(ds, batch_size=64, num_workers=2)`` with the default collate:
 
-- ``LmdbDataset`` / ``RecordIODataset`` with ``ChunkShuffleBatchSampler``;
-- ``paddle.vision.datasets.DatasetFolder`` over the loose files (``BatchSampler(shuffle=True)``);
-- the decode bound: a Dataset over the same encoded bytes held in RAM, decoded the same way by
-  the same number of processes.
+- loose files: a DatasetFolder over the PNGs (OpenCV RGB decode), shuffle=False and True;
+- each format's dataset: plain DataLoader shuffle=False and shuffle=True (no project sampler:
+  paddle's BatchSampler), ChunkShuffleBatchSampler, and staged (``cache_dir=`` on /dev/shm,
+  copied once per run from the cold disk; the copy's seconds are shown apart);
+- the decode bound: the stored bytes held in RAM, decoded the same way through the same
+  DataLoader (warm).
 
-Each figure is the median of several runs. warm: persistent workers, one epoch of warm-up,
-then runs of an epoch (or 10,000 samples, if more) back to back. cold: before each epoch the
-files' pages are dropped (posix_fadvise DONTNEED; inodes and directories stay cached, which
-favours the loose files), and the epoch runs with fresh workers (a file mapped by a live worker
-cannot be evicted), timed from its first batch. slow disk: the cold runs again in a blkio
-cgroup v1 throttle of 100 MiB/s and 300 IOPS on the data's disk (needs root; DatasetFolder times
-a random subset there, since a whole epoch at 300 IOPS takes minutes).
-
-Targets (issue 6): warm >= 90 % of the decode bound; cold >= 90 % of warm and >= 2x
-DatasetFolder cold; slow disk >= 20x DatasetFolder.
-
-``--out DIR`` writes DIR/bench_read.md. BENCH_TMP names the parent of the temporary data.
+Storage: this machine's disk, cold (``echo 3 > /proc/sys/vm/drop_caches`` before each run;
+fresh workers), and an emulated hard disk (blkio cgroup v1 throttle of 100 MiB/s and 300
+IOPS on the data's disk; root). On the emulated disk, random orders (shuffle=True, loose or
+packed) read a random subset of ``--subset`` batches per run: a whole epoch at 300 IOPS takes
+minutes. Each figure is the median of ``--runs`` runs; rows alternate within each run.
+``--out DIR`` writes DIR/bench_read.md; BENCH_TMP names the parent of the temporary data.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -38,54 +32,45 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/blkio")
-SLOW_BPS = 100 * 2**20
-SLOW_IOPS = 300
+import benchlib
+
 BATCH = 64
-MIN_WARM_RUN = 10_000
-"""Samples per warm run at least (several epochs of a small dataset)."""
-DATASETFOLDER = "DatasetFolder"
-DECODE_BOUND = "decode bound"
-LOADERS = ("LmdbDataset", "RecordIODataset")
-
+LOOSE = "loose files"
+BOUND = "decode bound"
+ORDERS = ("shuffle=False", "shuffle=True", "chunked sampler", "staged")
+FAST, SLOW = "cold fast disk", "emulated hard disk"
 
 # --------------------------------------------------------------------------- child: measure
 
 
-def _eprint(*args: object) -> None:
-    print(*args, file=sys.stderr, flush=True)
-
-
-def _cv2_rgb(path: str) -> Any:
+def _rgb(path: str) -> Any:
     import numpy as np
 
-    from readers.decode import decode_image
+    from readers.decode import decode_sample
 
-    return decode_image(np.fromfile(path, dtype=np.uint8), "rgb")
+    return decode_sample(np.fromfile(path, dtype=np.uint8), "rgb")
 
 
 class InMemory:
-    """The decode bound: the encoded bytes in RAM, decoded like the packed datasets do."""
+    """The decode bound: the stored bytes in RAM, decoded like the packed datasets do."""
 
-    def __init__(self, blobs: list[bytes], labels: list[int]) -> None:
+    def __init__(self, blobs: list[bytes]) -> None:
         self.blobs = blobs
-        self.labels = labels
 
     def __len__(self) -> int:
         return len(self.blobs)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from readers.decode import decode_image
+        from readers.decode import decode_sample
 
-        return decode_image(self.blobs[i], "rgb"), self.labels[i]
+        return decode_sample(self.blobs[i], "rgb"), 0
 
 
 class ListBatches:
-    """A fixed list of batches (a random subset) as a batch sampler."""
+    """A fixed list of batches as a batch sampler (a random subset of an epoch)."""
 
     def __init__(self, batches: list[list[int]]) -> None:
         self.batches = batches
@@ -97,427 +82,293 @@ class ListBatches:
         return iter(self.batches)
 
 
-def _evict(paths: list[str]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def _files_under(root: Path) -> list[str]:
-    return sorted(str(p) for p in root.rglob("*") if p.is_file())
-
-
-class Epochs:
-    """Epoch after epoch of a Child's batch sampler, as one endless batch sampler (paddle's
-    persistent workers sleep 0.5 s at every epoch start; warm runs time the steady state)."""
-
-    def __init__(self, child: Child, name: str) -> None:
-        self.child, self.name = child, name
-
-    def __iter__(self) -> Any:
-        epoch = 0
-        while True:
-            yield from self.child.batch_sampler(self.name, epoch)
-            epoch += 1
-
-
 class Child:
-    """Runs in a fresh process (possibly inside the throttled cgroup) and times loaders."""
+    """Times every row of one storage in a fresh process (it joins the throttle after its
+    imports; DataLoader workers inherit the cgroup)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        warnings.filterwarnings("ignore", message="No ccache found")
+        warnings.filterwarnings("ignore")
         import numpy as np
         import paddle
 
-        import readers
-        from packer.bench import EndlessBatches, collate
-
-        self.np, self.paddle = np, paddle
-        self.EndlessBatches, self.collate = EndlessBatches, collate
-        self.spec = spec
+        self.np, self.paddle, self.spec = np, paddle, spec
         self.rng = np.random.default_rng(0)
-        self.sources: dict[str, tuple[Any, Any, list[str]]] = {}
-        self.notes: list[str] = []
-        for name, path in spec["packed"].items():
-            try:
-                cls = getattr(readers, name)
-            except (AttributeError, ImportError) as exc:
-                self.notes.append(f"{name} skipped: readers has no {name} yet ({exc})")
-                continue
-            self.sources[name] = (cls(path), None, _files_under(Path(path)))
-        folder = paddle.vision.datasets.DatasetFolder(spec["src"], loader=_cv2_rgb)
-        self.sources[DATASETFOLDER] = (folder, None, [p for p, _ in folder.samples])
-        if spec.get("decode_bound"):
-            ds = self.sources["LmdbDataset"][0]
-            blobs = [ds.read_bytes(i) for i in range(len(ds))]
-            labels = [int(x) for x in ds.labels]
-            self.sources[DECODE_BOUND] = (InMemory(blobs, labels), None, [])
-        from readers import handles
+        self.loose = paddle.vision.datasets.DatasetFolder(spec["src"], loader=_rgb)
+        self.loose_files = [p for p, _ in self.loose.samples]
+        self.throttle = benchlib.Throttle.of(spec["cgroup"])
 
-        handles.close_all()  # no mapping in this process may keep evicted pages alive
+    def dataset(self, fmt: str, **options: Any) -> Any:
+        from readers import open_dataset
 
-    def batch_sampler(self, name: str, epoch: int, *, subset: int | None = None) -> Any:
-        ds = self.sources[name][0]
-        if name in LOADERS:
+        return open_dataset(self.spec["packed"][fmt], **options)
+
+    def loader(self, ds: Any, order: str, subset: int | None) -> Any:
+        workers = self.spec["workers"]
+        if order == "chunked sampler":
             from readers import ChunkShuffleBatchSampler
 
             sampler = ChunkShuffleBatchSampler(ds, batch_size=BATCH, rank=0, world_size=1)
-            sampler.set_epoch(epoch)
-            return sampler
-        order = self.rng.permutation(len(ds))
+            sampler.set_epoch(int(self.rng.integers(1, 1000)))
+            return self.paddle.io.DataLoader(ds, batch_sampler=sampler, num_workers=workers)
+        shuffle = order != "shuffle=False"
         if subset is not None:
-            order = order[:subset]
-        return ListBatches([order[s : s + BATCH].tolist() for s in range(0, len(order), BATCH)])
+            ids = self.rng.permutation(len(ds)) if shuffle else self.np.arange(len(ds))
+            ids = ids[: subset * BATCH].tolist()
+            batches = [ids[s : s + BATCH] for s in range(0, len(ids), BATCH)]
+            return self.paddle.io.DataLoader(
+                ds, batch_sampler=ListBatches(batches), num_workers=workers
+            )
+        return self.paddle.io.DataLoader(ds, batch_size=BATCH, shuffle=shuffle, num_workers=workers)
 
-    def loader(self, name: str, sampler: Any, workers: int, *, persistent: bool) -> Any:
-        options: dict[str, Any] = {"batch_sampler": sampler, "collate_fn": self.collate}
-        return self.paddle.io.DataLoader(
-            self.sources[name][0],
-            num_workers=workers,
-            use_shared_memory=True,
-            persistent_workers=persistent and workers > 0,
-            **options,
-        )
-
-    def warm(self, name: str, workers: int, runs: int) -> list[float]:
-        """Samples/s of `runs` runs (an epoch, or 10,000 samples if more), back to back in one
-        endless stream after one epoch of warm-up."""
-        n = len(self.sources[name][0])
-        per_epoch = -(-n // BATCH)
-        per_run = max(per_epoch, -(-MIN_WARM_RUN // BATCH))  # short epochs time too noisily
-        loader = self.loader(name, Epochs(self, name), workers, persistent=True)
+    def epoch(self, loader: Any) -> float:
+        """Samples/s of one pass, timed from its first batch (worker start-up left out)."""
         it = iter(loader)
-        rates = []
-        try:
-            for _ in range(per_epoch):  # warm-up: the page cache and the workers
-                next(it)
-            for _ in range(runs):
-                start, samples = time.perf_counter(), 0
-                for _ in range(per_run):
-                    samples += len(next(it)[1])
-                rates.append(samples / (time.perf_counter() - start))
-        finally:
-            stop = getattr(it, "_try_shutdown_all", None)
-            if callable(stop):
-                stop()
-        return rates
+        next(it)
+        start, samples = time.perf_counter(), 0
+        for batch in it:
+            samples += len(batch[1])
+        return samples / (time.perf_counter() - start)
 
-    def cold(self, name: str, workers: int, runs: int, *, subset: int | None = None) -> list[float]:
-        """Samples/s of `runs` epochs, each after dropping the files' pages, fresh workers."""
+    def row(self, name: str, order: str) -> dict[str, Any]:
         from readers import handles
 
-        files = self.sources[name][2]
-        rates = []
-        for run in range(runs):
-            handles.close_all()
-            _evict(files)
-            loader = self.loader(
-                name, self.batch_sampler(name, run + 1, subset=subset), workers, persistent=False
-            )
-            it = iter(loader)
-            next(it)
-            start, samples = time.perf_counter(), 0
-            for batch in it:
-                samples += len(batch[1])
-            rates.append(samples / (time.perf_counter() - start))
-            del it, loader
         handles.close_all()
-        return rates
+        slow = self.spec["storage"] == SLOW
+        subset = self.spec["subset"] if slow and order == "shuffle=True" else None
+        if not benchlib.drop_caches():
+            benchlib.evict(self.loose_files + self.spec["packed_files"])
+        result: dict[str, Any] = {}
+        disk0, cg0 = benchlib.disk_reads(self.spec["disk"]), self.throttle.reads()
+        if name == LOOSE:
+            ds = self.loose
+        elif order == "staged":
+            cache = Path(self.spec["cache_dir"])
+            shutil.rmtree(cache, ignore_errors=True)
+            t = time.perf_counter()
+            ds = self.dataset(name, cache_dir=cache)
+            result["copy_s"] = time.perf_counter() - t
+            order = "shuffle=True"
+        else:
+            ds = self.dataset(name)
+        result["samples_per_s"] = self.epoch(self.loader(ds, order, subset))
+        disk1, cg1 = benchlib.disk_reads(self.spec["disk"]), self.throttle.reads()
+        if self.throttle.group is not None:  # this process's reads only
+            result["requests"], result["bytes"] = cg1[1] - cg0[1], cg1[0] - cg0[0]
+        else:  # the whole disk's: other processes' reads too
+            result["requests"], result["bytes"] = disk1[0] - disk0[0], disk1[1] - disk0[1]
+        result["subset"] = subset
+        return result
+
+    def decode_bound(self) -> float:
+        ds = self.dataset(next(iter(self.spec["packed"])), decode="bytes")
+        blobs = [ds.read_bytes(i) for i in range(len(ds))]
+        return self.epoch(self.loader(InMemory(blobs), "shuffle=False", None))
 
     def run(self) -> list[dict[str, Any]]:
-        results = []
-        runs = self.spec["runs"]
-        for mode in self.spec["modes"]:
-            for name in self.sources:
-                if mode == "warm" or name != DECODE_BOUND:
-                    for w in self.spec["workers"]:
-                        subset = self.spec.get("subset") if name == DATASETFOLDER else None
-                        t = time.perf_counter()
-                        if mode == "warm":
-                            rates = self.warm(name, w, runs)
-                        else:
-                            rates = self.cold(name, w, runs, subset=subset)
-                        rate = statistics.median(rates)
-                        _eprint(
-                            f"  {self.spec['storage']:9} {mode:4} {name:15} workers={w}: "
-                            f"{rate:8.0f} samples/s ({time.perf_counter() - t:.0f} s)"
-                        )
-                        results.append(
-                            {
-                                "loader": name,
-                                "storage": self.spec["storage"],
-                                "cache": mode,
-                                "workers": w,
-                                "samples_per_s": rate,
-                                "runs": rates,
-                                "subset": subset,
-                            }
-                        )
-        return results
-
-
-def child_main(spec_path: Path, result_path: Path) -> None:
-    spec = json.loads(spec_path.read_text())
-    child = Child(spec)
-    results = child.run()
-    result_path.write_text(json.dumps({"results": results, "notes": child.notes}))
+        rows = [(LOOSE, "shuffle=False"), (LOOSE, "shuffle=True")]
+        staged = self.spec["staged"]
+        for fmt in self.spec["packed"]:
+            rows += [(fmt, o) for o in ORDERS if o != "staged" or staged]
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {r: [] for r in rows}
+        bound: list[float] = []
+        self.throttle.join()
+        for run in range(self.spec["runs"]):
+            for name, order in rows:
+                results[(name, order)].append(self.row(name, order))
+                r = results[(name, order)][-1]
+                benchlib.eprint(
+                    f"  {self.spec['storage']} run {run + 1}: {name:9} {order:15} "
+                    f"{r['samples_per_s']:8,.0f} samples/s"
+                )
+            if self.spec["decode_bound"]:
+                bound.append(self.decode_bound())
+        out = [{"name": n, "order": o, "runs": rs} for (n, o), rs in results.items()]
+        if bound:
+            out.append({"name": BOUND, "order": "shuffle=False", "runs": bound})
+        return out
 
 
 # --------------------------------------------------------------------------- parent
 
 
-def measure(spec: dict[str, Any], tmp: Path, *, cgroup: Path | None = None) -> dict[str, Any]:
-    """Run a Child in a fresh process (inside `cgroup` when given): its results and notes."""
-    tag = spec["storage"].replace(" ", "-")
-    spec_path, result_path = tmp / f"spec-{tag}.json", tmp / f"result-{tag}.json"
-    spec_path.write_text(json.dumps(spec))
-
-    def join_cgroup() -> None:  # runs in the child before exec: the workers inherit it
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
-    subprocess.run(
-        [sys.executable, __file__, "--child", str(spec_path), str(result_path)],
-        check=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        preexec_fn=join_cgroup if cgroup is not None else None,
-    )
-    return json.loads(result_path.read_text())  # type: ignore[no-any-return]
-
-
-def make_throttle(data: Path) -> tuple[Path | None, str]:
-    """A blkio cgroup throttling reads of the disk holding `data`; else None and why not."""
-    from packer.bench import whole_disk
-
-    if os.geteuid() != 0:
-        return None, "not root (a blkio cgroup needs root)"
-    if not (CGROUP_ROOT / "blkio.throttle.read_bps_device").exists():
-        return None, f"no cgroup v1 blkio controller at {CGROUP_ROOT}"
-    disk = whole_disk(os.stat(data).st_dev)
-    if disk is None:
-        return None, (
-            f"{data} is not on a block device (tmpfs or overlay?); set BENCH_TMP to a "
-            "directory on a disk"
-        )
-    name, dev = disk
-    group = CGROUP_ROOT / f"packer-bench-read-{os.getpid()}"
-    try:
-        group.mkdir()
-        (group / "blkio.throttle.read_bps_device").write_text(f"{dev} {SLOW_BPS}")
-        (group / "blkio.throttle.read_iops_device").write_text(f"{dev} {SLOW_IOPS}")
-    except OSError as exc:
-        remove_cgroup(group)
-        return None, f"cannot set a blkio throttle on {name} ({dev}): {exc}"
-    return group, f"{name} ({dev}) throttled to {SLOW_BPS >> 20} MiB/s and {SLOW_IOPS} IOPS"
-
-
-def cgroup_reads(group: Path) -> tuple[int, int]:
-    """(bytes, IOs) read through the cgroup's throttle so far."""
-    totals = []
-    for name in ("blkio.throttle.io_service_bytes", "blkio.throttle.io_serviced"):
-        total = 0
-        for line in (group / name).read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[1] == "Read":
-                total += int(parts[2])
-        totals.append(total)
-    return totals[0], totals[1]
-
-
-def remove_cgroup(group: Path) -> None:
-    for _ in range(50):
-        try:
-            group.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)  # the child's workers may still be exiting
-    _eprint(f"could not remove the cgroup {group}; remove it with rmdir")
-
-
-def build_all(src: Path, tmp: Path, formats: list[str]) -> dict[str, Path]:
-    from packer.build import build
-    from packer.config import BuildConfig, usable_cores
-
+def summary(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Medians per (name, order)."""
+    med = benchlib.median
     out = {}
-    for fmt in formats:
-        path = tmp / f"data.{fmt}"
-        t = time.perf_counter()
-        summary = build(
-            BuildConfig(src=src, out=path, format=fmt, workers=usable_cores(), progress=False),
-            log=lambda _m: None,
-        )
-        _eprint(f"{summary.line()} ({time.perf_counter() - t:.1f} s)")
-        out[fmt] = path
+    for row in rows:
+        runs = row["runs"]
+        if runs and isinstance(runs[0], float):
+            out[(row["name"], row["order"])] = {"rate": med(runs), "all": runs}
+            continue
+        rates = [r["samples_per_s"] for r in runs]
+        out[(row["name"], row["order"])] = {
+            "rate": med(rates),
+            "all": rates,
+            "request_kb": med([r["bytes"] / max(1, r["requests"]) / 1024 for r in runs]),
+            "copy_s": med([r["copy_s"] for r in runs]) if "copy_s" in runs[0] else None,
+            "subset": runs[0]["subset"],
+        }
     return out
 
 
-def fmt_ratio(x: float | None, pct: bool = False, *, digits: int = 0) -> str:
-    if x is None:
-        return ""
-    return f"{x:.{digits}%}" if pct else f"{x:.2f}x"
-
-
-def tables(
-    results: list[dict[str, Any]], *, workers: list[int], slow_note: str, header: str
-) -> str:
-    def rate(loader: str, storage: str, cache: str, w: int) -> float | None:
-        for r in results:
-            if (r["loader"], r["storage"], r["cache"], r["workers"]) == (loader, storage, cache, w):
-                return float(r["samples_per_s"])
-        return None
-
+def storage_table(storage: str, s: dict[tuple[str, str], dict[str, Any]], note: str) -> str:
     lines = [
-        header,
+        f"#### {storage}",
         "",
-        "| loader | storage | cache | workers | samples/s | vs DatasetFolder | "
-        "vs decode bound | cold / warm |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        name, storage, cache, w = r["loader"], r["storage"], r["cache"], r["workers"]
-        folder = rate(DATASETFOLDER, storage, cache, w)
-        bound = rate(DECODE_BOUND, "fast disk", "warm", w)
-        warm = rate(name, "fast disk", "warm", w)
-        value = r["samples_per_s"]
-        subset = f" ({r['subset']} samples)" if r.get("subset") else ""
-        lines.append(
-            f"| {name} | {storage} | {cache}{subset} | {w} | {value:,.0f} | "
-            f"{fmt_ratio(value / folder if folder and name != DATASETFOLDER else None)} | "
-            f"{fmt_ratio(value / bound if bound and name != DECODE_BOUND else None, True)} | "
-            f"{fmt_ratio(value / warm if warm and cache == 'cold' else None, True)} |"
-        )
-
-    targets = []
-    for name in LOADERS:
-        if rate(name, "fast disk", "warm", workers[0]) is None:
-            continue
-        checks: list[tuple[str, str, float | None, float, bool]] = []
-        for w in workers:
-            warm = rate(name, "fast disk", "warm", w)
-            cold = rate(name, "fast disk", "cold", w)
-            bound = rate(DECODE_BOUND, "fast disk", "warm", w)
-            folder_cold = rate(DATASETFOLDER, "fast disk", "cold", w)
-            slow = rate(name, "slow disk", "cold", w)
-            folder_slow = rate(DATASETFOLDER, "slow disk", "cold", w)
-            if warm and bound:
-                checks.append(("warm / decode bound", ">= 90%", warm / bound, 0.9, True))
-            if warm and cold:
-                checks.append(("cold / warm", ">= 90%", cold / warm, 0.9, True))
-            if cold and folder_cold:
-                checks.append(("cold / DatasetFolder cold", ">= 2x", cold / folder_cold, 2, False))
-            if slow and folder_slow:
-                checks.append(
-                    ("slow disk / DatasetFolder", ">= 20x", slow / folder_slow, 20, False)
-                )
-            for what, goal, value, need, pct in checks:
-                if value is not None:
-                    targets.append(
-                        f"| {name} | {what} | {w} | {fmt_ratio(value, pct, digits=1)} | {goal} | "
-                        f"{'yes' if value >= need else 'NO'} |"
-                    )
-            checks.clear()
-    lines += [
-        "",
-        "| loader | target | workers | result | target | met |",
+        "| dataset | order | samples/s | vs loose files (same order) | mean request | runs |",
         "|---|---|---:|---:|---:|---|",
-        *sorted(targets, key=lambda t: (t.split("|")[1], t.split("|")[2], t.split("|")[3])),
-        "",
-        slow_note,
     ]
+    for (name, order), r in s.items():
+        base = s.get((LOOSE, "shuffle=False" if order == "shuffle=False" else "shuffle=True"))
+        vs = r["rate"] / base["rate"] if base and name not in (LOOSE, BOUND) else None
+        what = order
+        if r.get("subset"):
+            what += f" ({r['subset'] * BATCH:,} random samples)"
+        if r.get("copy_s") is not None:
+            what += f", shuffle=True (copy {r['copy_s']:.1f} s)"
+        req = f"{r['request_kb']:.0f} KB" if "request_kb" in r else ""
+        runs = ", ".join(f"{x:,.0f}" for x in r["all"])
+        lines.append(
+            f"| {name} | {what} | {r['rate']:,.0f} | {benchlib.ratio(vs)} | {req} | {runs} |"
+        )
+    return "\n".join([*lines, "", note])
+
+
+def targets(res: dict[str, dict[tuple[str, str], dict[str, Any]]], spec: dict[str, Any]) -> str:
+    lines = ["| target | result | met |", "|---|---:|---|"]
+
+    def check(what: str, value: float | None, need: float, shown: str) -> None:
+        if value is not None:
+            lines.append(f"| {what} | {shown} | {'yes' if value >= need else 'NO'} |")
+
+    def rate(storage: str, name: str, order: str) -> float | None:
+        r = res.get(storage, {}).get((name, order))
+        return None if r is None else float(r["rate"])
+
+    bound = rate(FAST, BOUND, "shuffle=False")
+    for fmt, record in spec["record_bytes"].items():
+        for storage, need in ((SLOW, 10.0), (FAST, 1.6)):
+            for order in ("shuffle=False", "shuffle=True"):
+                value, base = rate(storage, fmt, order), rate(storage, LOOSE, order)
+                if value and base:
+                    check(
+                        f"{storage}: {fmt} plain {order} >= {need:g}x loose files",
+                        value / base,
+                        need,
+                        f"{value / base:.1f}x",
+                    )
+        chunked, loose = rate(SLOW, fmt, "chunked sampler"), rate(SLOW, LOOSE, "shuffle=True")
+        if chunked and loose:
+            check(
+                f"{SLOW}: {fmt} chunked sampler >= 20x loose files (shuffled)",
+                chunked / loose,
+                20,
+                f"{chunked / loose:.1f}x",
+            )
+        if chunked and bound:
+            limit = min(bound, benchlib.SLOW_BPS / record)
+            check(
+                f"{SLOW}: {fmt} chunked >= 0.8 x min(decode bound {bound:,.0f}/s, "
+                f"{benchlib.SLOW_BPS >> 20} MiB/s / {record / 1e3:.1f} kB = "
+                f"{benchlib.SLOW_BPS / record:,.0f}/s)",
+                chunked / limit,
+                0.8,
+                f"{chunked / limit:.0%}",
+            )
+        for order in ("shuffle=False", "chunked sampler"):
+            r = res.get(SLOW, {}).get((fmt, order))
+            if r is not None:
+                check(
+                    f"{SLOW}: {fmt} {order} mean cold request >= 400 KB",
+                    r["request_kb"],
+                    400,
+                    f"{r['request_kb']:.0f} KB",
+                )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=None, help="default 10000 (quick: 4000)")
-    parser.add_argument("--runs", type=int, default=None, help="epochs per figure (default 5)")
-    parser.add_argument("--workers", type=str, default=None, help="e.g. 0,2 (default 0..cores)")
-    parser.add_argument("--quick", action="store_true", help="4000 images, 3 runs")
-    parser.add_argument("--no-slow-disk", action="store_true", help="skip the throttled disk")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--subset",
+        type=int,
+        default=20,
+        help="batches of a random order read per run on the emulated hard disk",
+    )
+    parser.add_argument("--images", type=int, default=None, help="at most this many icons")
+    parser.add_argument("--no-slow-disk", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="write bench_read.md here")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child_main(*args.child)
+        spec = json.loads(args.child[0].read_text())
+        args.child[1].write_text(json.dumps(Child(spec).run()))
         return
-
-    from make_demo_data import CLASSES, write_demo
-
-    from packer.config import usable_cores
-    from readers.formats import FORMATS
-
-    cores = usable_cores()
-    images = args.images or (4000 if args.quick else 10_000)
-    runs = args.runs or (3 if args.quick else 5)
-    workers = [int(w) for w in args.workers.split(",")] if args.workers else list(range(cores + 1))
-    # readers' datasets are checked in the child: importing paddle here would give the build's
-    # worker processes paddle's signal handlers (a C++ "traceback" when the pool stops them)
-    formats = [f for f in ("lmdb", "recordio") if f in FORMATS]
-    loaders = {"lmdb": "LmdbDataset", "recordio": "RecordIODataset"}
-
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as name:
         tmp = Path(name)
-        src = tmp / "src"
-        t = time.perf_counter()
-        n = write_demo(src, per_class=-(-images // len(CLASSES)), size=64, seed=0)
-        _eprint(f"wrote {n} 64x64 PNG/JPEG images in {time.perf_counter() - t:.1f} s")
-        packed = build_all(src, tmp, formats)
-        spec = {
-            "packed": {loaders[f]: str(p) for f, p in packed.items()},
-            "src": str(src),
-            "workers": workers,
-            "runs": runs,
-            "storage": "fast disk",
-            "modes": ["warm", "cold"],
-            "decode_bound": True,
+        n, what = benchlib.icon_tree(tmp / "src", limit=args.images)
+        packed = benchlib.build_all(tmp / "src", tmp)
+        disk = benchlib.whole_disk(tmp)
+        if disk is None:
+            sys.exit(f"{tmp} is not on a block device; set BENCH_TMP to a directory on a disk")
+        record = {}
+        for fmt, path in packed.items():
+            files = [f for f in benchlib.files_under(path) if not f.endswith((".json", ".jsonl"))]
+            record[fmt] = max(os.path.getsize(f) for f in files) / n  # the shard file
+        spec: dict[str, Any] = {
+            "src": str(tmp / "src"),
+            "packed": {f: str(p) for f, p in packed.items()},
+            "packed_files": [f for p in packed.values() for f in benchlib.files_under(p)],
+            "workers": args.workers,
+            "runs": args.runs,
+            "subset": args.subset,
+            "disk": disk[0],
+            "cache_dir": tempfile.mkdtemp(prefix="packer-bench-stage-", dir="/dev/shm"),
+            "staged": _takes_cache_dir(),
+            "record_bytes": record,
         }
-        fast = measure(spec, tmp)
-        results, notes = fast["results"], fast["notes"]
-
-        group, why = (None, "skipped (--no-slow-disk)") if args.no_slow_disk else make_throttle(src)
-        if group is None:
-            slow_note = f"Slow disk: skipped: {why}."
-            _eprint(f"slow-disk table skipped: {why}")
-        else:
-            subset = 10 * BATCH if args.quick else 20 * BATCH
-            slow = {
-                **spec,
-                "storage": "slow disk",
-                "modes": ["cold"],
-                "workers": [max(workers)],
-                "decode_bound": False,
-                "subset": subset,
-            }
-            try:
-                results += measure(slow, tmp, cgroup=group)["results"]
-                read_bytes, ios = cgroup_reads(group)
-            finally:
-                remove_cgroup(group)
-            slow_note = (
-                f"Slow disk: {why} (blkio cgroup v1), cold runs only, num_workers={max(workers)}; "
-                f"DatasetFolder reads a random {subset}-sample subset per run. The throttled "
-                f"runs read {read_bytes / 2**20:.0f} MiB in {ios:,} I/Os."
-            )
-    elapsed = time.perf_counter() - started
-    cpu = os.cpu_count()
+        storages = [(FAST, None)]
+        throttle = None if args.no_slow_disk else benchlib.Throttle(tmp)
+        if throttle is not None and throttle.group is not None:
+            storages.append((SLOW, throttle))
+        res, notes = {}, {}
+        try:
+            for storage, th in storages:
+                sub = {
+                    **spec,
+                    "storage": storage,
+                    "decode_bound": storage == FAST,
+                    "cgroup": str(th.group) if th is not None else "",
+                }
+                res[storage] = summary(benchlib.run_child(Path(__file__), sub, tmp))
+                notes[storage] = (
+                    f"Requests: {'this run' if th else 'the whole disk'}'s reads "
+                    f"/ I/Os ({th.why if th else 'page cache dropped per run'})."
+                )
+        finally:
+            if throttle is not None:
+                throttle.remove()
+            shutil.rmtree(spec["cache_dir"], ignore_errors=True)
     header = (
-        f"### Read speed: {n:,} images 64x64 (2/3 PNG, 1/3 JPEG), batch {BATCH}, "
-        f"median of {runs} runs; {cores} usable cores ({cpu} CPUs), {elapsed:.0f} s in all"
+        f"### Read speed: {what}, batch {BATCH}, num_workers={args.workers}, median of "
+        f"{args.runs} runs; {os.cpu_count()} CPUs, {time.perf_counter() - started:.0f} s in all"
     )
-    text = tables(results, workers=workers, slow_note=slow_note, header=header)
-    if notes:
-        text += "\n\n" + "\n".join(f"Note: {x}" for x in notes)
+    parts = [header] + [storage_table(s, res[s], notes[s]) for s in res]
+    text = "\n\n".join([*parts, "#### Targets (issue 10)", targets(res, spec)])
+    if throttle is not None and throttle.group is None:
+        text += f"\n\nEmulated hard disk skipped: {throttle.why}."
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_read.md").write_text(text + "\n")
+
+
+def _takes_cache_dir() -> bool:
+    """Whether the datasets can stage (``cache_dir=``), without importing paddle here."""
+    return (benchlib.ROOT / "readers" / "staging").is_dir()
 
 
 if __name__ == "__main__":

@@ -3,22 +3,29 @@ and on real packed datasets: hints for sequential reads, none for random reads."
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import mmap
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from readers import handles, open_dataset
+from readers.formats import FORMATS
 from readers.readahead import (
+    FileAhead,
     SequentialDetector,
     coalesce,
     detector_for,
     hint_piece,
     willneed,
 )
+from tests.conftest import build_packed, encode, make_image
 
 
 def run(detector: SequentialDetector, ids: Iterable[int]) -> list[tuple[int, int, int]]:
@@ -204,19 +211,146 @@ def test_willneed_splits_a_range_into_pieces_the_kernel_reads_whole(tmp_path: Pa
 # ------------------------------------------------------------------ real datasets
 
 
-def batches_of(ids: list[int], size: int) -> Iterator[list[int]]:
-    for s in range(0, len(ids), size):
-        yield ids[s : s + size]
+def resident(path: str, begin: int = 0, end: int | None = None) -> int:
+    """Pages of ``path[begin:end]`` in the page cache (a fresh mapping + mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = os.path.getsize(path)
+    end = size if end is None else min(end, size)
+    start = begin - begin % mmap.PAGESIZE
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        view = np.frombuffer(m, dtype=np.uint8)
+        pages = -(-(end - start) // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(view.ctypes.data + start, end - start, vec) == 0
+        return sum(v & 1 for v in vec)
+    finally:
+        del view
+        m.close()
 
 
-def _count_prefetch(ds: Any) -> list[tuple[int, int]]:
-    """Record the dataset's real prefetch calls (they still go to the OS)."""
-    log: list[tuple[int, int]] = []
-    real = ds.prefetch
+def evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
-    def logged(start: int, stop: int) -> None:
-        log.append((start, stop))
-        real(start, stop)
 
-    ds.prefetch = logged
-    return log
+@pytest.fixture(scope="module", params=FORMATS)
+def big(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 noise PNGs of 5 KB (incompressible) in each registered format."""
+    src = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        folder = src / f"c{i % 3}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{i:03d}.png").write_bytes(encode(make_image(rng, 40, 40), ".png"))
+    fmt = str(request.param)
+    return build_packed(src, tmp_path_factory.mktemp("out") / f"d.{fmt}", fmt)
+
+
+def data_file(ds: Any) -> str:
+    """The file holding the stored bytes (the benchmark and tests pack one shard)."""
+    return str(ds._byte_ranges(0, 0, 1)[0][0])
+
+
+def cold(ds: Any) -> str:
+    handles.close_all()
+    path = data_file(ds)
+    evict(path)
+    if resident(path):
+        pytest.skip("the page cache of this file system cannot be dropped (tmpfs?)")
+    return path
+
+
+def sample_pages(ds: Any, lo: int, hi: int) -> int:
+    return sum(resident(p, b, e) for p, b, e in ds._byte_ranges(0, lo, hi))
+
+
+def test_reading_in_order_reads_ahead(big: Path) -> None:
+    ds = open_dataset(big, decode="bytes")
+    cold(ds)
+    for i in range(10):
+        ds[i]
+    assert ds._ahead.hints >= 1
+    deadline = time.monotonic() + 5
+    while sample_pages(ds, 20, 60) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the hint's read is asynchronous
+    assert sample_pages(ds, 20, 60) > 0, "samples ahead of the reads were not read ahead"
+
+
+def test_random_reads_read_one_record_each(big: Path) -> None:
+    ds = open_dataset(big, decode="bytes")
+    path = cold(ds)
+    ids = np.random.default_rng(1).permutation(len(ds))[:30].tolist()
+    for i in ids:
+        ds[i]
+    assert ds._ahead.hints == 0
+    pages = resident(path)
+    own = sum(
+        -(-(e - b) // mmap.PAGESIZE) + 1 for i in ids for _, b, e in ds._byte_ranges(0, i, i + 1)
+    )
+    # each record's pages, plus LMDB's B-tree pages on the way; no read-around (MADV_RANDOM)
+    assert pages <= own + 24, f"{pages} pages resident after reading {len(ids)} records ({own})"
+
+
+class HintCount:
+    """A transform that reports the hints its worker's dataset copy has sent so far."""
+
+    def __init__(self) -> None:
+        self.ds: Any = None
+
+    def __call__(self, image: Any) -> np.ndarray:
+        return np.asarray([self.ds._ahead.hints], dtype=np.int64)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_dataloader_workers_read_ahead_only_in_order(big: Path, shuffle: bool) -> None:
+    import paddle
+
+    count = HintCount()
+    ds = open_dataset(big, decode="bytes", transform=count)
+    count.ds = ds
+    cold(ds)
+    paddle.seed(3)
+    loader = paddle.io.DataLoader(ds, batch_size=16, shuffle=shuffle, num_workers=2)
+    hints = max(int(np.max(batch[0].numpy())) for batch in loader)
+    if shuffle:
+        assert hints == 0
+    else:
+        assert hints >= 1  # each worker saw its own batches go forward
+
+
+def test_stream_run_hints_leave_the_detector_quiet(big: Path) -> None:
+    """A caller that hints the run it reads (ShardStream) is not doubled by the detector."""
+    ds = open_dataset(big, decode="bytes")
+    ds.prefetch(0, 64)
+    for i in range(64):
+        ds[i]
+    assert ds._ahead.hints == 0
+    for i in range(64, 80):  # past the caller's run: the detector takes over
+        ds[i]
+    assert ds._ahead.hints >= 1
+
+
+def test_file_ahead_keeps_a_window_ahead(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as f:
+        f.write(os.urandom(8 << 20))
+        os.fsync(f.fileno())  # dirty pages cannot be dropped
+    evict(str(path))
+    if resident(str(path)):
+        pytest.skip("the page cache of this file system cannot be dropped (tmpfs?)")
+    ahead = FileAhead(str(path), first=256 << 10, most=2 << 20)
+    for position in range(0, 4 << 20, 64 << 10):
+        ahead.at(position)
+        assert ahead.frontier - position <= 2 << 20
+        assert ahead.frontier > position
+    deadline = time.monotonic() + 5
+    while resident(str(path), 4 << 20, 5 << 20) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert resident(str(path), 4 << 20, 5 << 20) > 0  # ahead of the last position
+    assert resident(str(path), 7 << 20, 8 << 20) == 0  # but not the whole file
