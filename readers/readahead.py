@@ -50,6 +50,8 @@ MAX_WINDOW_BYTES = 32 << 20
 MAX_GAP_BYTES = 8 << 20
 """A forward jump up to this far keeps a sequential run alive (the batches that other workers
 or ranks read in between)."""
+EXPLICIT_KEPT = 4
+"""How many of a caller's latest hinted ranges `Readahead` leaves to the caller."""
 DEFAULT_RECORD_BYTES = 64 << 10
 """The record size assumed when a dataset does not know its sizes."""
 GAP_BYTES = 256 << 10
@@ -164,33 +166,33 @@ class Readahead:
     A dataset keeps one and calls ``note(i, self)`` once per sample it reads; hints go to
     ``dataset.prefetch(start, stop)`` (ids; the dataset maps them to byte ranges). A caller
     that hints its own order (ShardStream announces each run it reads) tells ``covered``, and
-    reads inside the range it hinted last are left to it. The state is per process: a copy
+    reads inside the ranges it hinted last are left to it. The state is per process: a copy
     made by ``fork`` or by pickling starts afresh, and hinting never raises.
     """
 
     def __init__(self) -> None:
         self._pid = -1
         self._detector: SequentialDetector | None = None
-        self._explicit = (0, 0)
+        self._explicit: list[tuple[int, int]] = []
         self._own = False
         self.hints = 0
         """Hints sent by this process (for tests and benchmarks)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_pid": -1, "_detector": None, "_explicit": (0, 0), "_own": False, "hints": 0}
+        return {"_pid": -1, "_detector": None, "_explicit": [], "_own": False, "hints": 0}
 
     def _this_process(self) -> None:
         if self._pid != os.getpid():  # new, or a copy made by fork: start afresh
             self._pid = os.getpid()
             self._detector = None
-            self._explicit = (0, 0)
+            self._explicit = []
             self.hints = 0
 
     def covered(self, start: int, stop: int) -> None:
         """The ids ``[start, stop)`` were hinted by the caller (not by this detector)."""
         if not self._own:
             self._this_process()
-            self._explicit = (int(start), int(stop))
+            self._explicit = [*self._explicit[-(EXPLICIT_KEPT - 1) :], (int(start), int(stop))]
 
     def note(self, i: int, dataset: Any) -> None:
         """Note a read of sample `i` of `dataset`; hint the samples ahead when due."""
@@ -198,7 +200,7 @@ class Readahead:
             self._this_process()
             if self._detector is None:
                 self._detector = detector_for(record_bytes(dataset))
-            if self._explicit[0] <= i < self._explicit[1]:
+            if any(lo <= i < hi for lo, hi in self._explicit):
                 return
             found = self._detector.observe(i)
             if found is None:

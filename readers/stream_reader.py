@@ -147,9 +147,10 @@ class RunReader:
     """Reads a worker's ids by position; every sequential run is announced before its reads.
 
     A run is a stretch of consecutive ascending ids inside one chunk (``sequential_runs``):
-    :meth:`enter_run` is the one place where the stream starts reading ids ``[start, stop)``
-    one after the other, so read-ahead belongs there; today it passes the range to
-    ``dataset.prefetch`` when the dataset has one.
+    :meth:`enter_run` announces ids ``[start, stop)`` to ``dataset.prefetch`` (when the
+    dataset has one) one run ahead of the reads, so that the next run's bytes are on their
+    way while this run's samples are decoded (a packed dataset leaves the reads inside the
+    announced runs to these hints, `readers.readahead.Readahead`).
     """
 
     def __init__(self, dataset: Any, ids: IntArray, chunk_lo: IntArray) -> None:
@@ -159,13 +160,20 @@ class RunReader:
         self._prefetch = prefetch if callable(prefetch) else None
         self._run, self._run_last = sequential_runs(ids, chunk_lo)
         self._current = -1
+        self._announced = -1  # the last run passed to enter_run
 
     def read(self, p: int) -> Any:
         """The dataset's item at position ``p`` of ``ids``."""
         run = int(self._run[p])
         if run != self._current:
             self._current = run
-            self.enter_run(int(self.ids[p]), int(self.ids[self._run_last[run]]) + 1)
+            if self._announced != run:
+                self.enter_run(int(self.ids[p]), int(self.ids[self._run_last[run]]) + 1)
+            after = int(self._run_last[run]) + 1  # the next run starts at the next position
+            if after < self.ids.size:
+                last = int(self._run_last[int(self._run[after])])
+                self.enter_run(int(self.ids[after]), int(self.ids[last]) + 1)
+                self._announced = int(self._run[after])
         return self.dataset[int(self.ids[p])]
 
     def enter_run(self, start: int, stop: int) -> None:

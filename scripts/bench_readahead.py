@@ -136,13 +136,15 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
     lines = [
         f"### {title}",
         "",
-        "| format | hints | samples/s | MB/s | mean disk request | mean bio (this pass) | bios |",
+        "| format | hints | samples/s | MB/s (images) | mean disk request | mean bio (this pass) "
+        "| bios |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        bios = (f"{r['bio_kb']:.0f} KB | {r['bios']:,.0f}") if r["bios"] else "| "
         lines.append(
             f"| {r['format']} | {r['mode']} | {r['samples_per_s']:,.0f} | {r['mb_per_s']:.0f} | "
-            f"{r['request_kb']:.0f} KB | {r['bio_kb']:.0f} KB | {r['bios']:,.0f} |"
+            f"{r['request_kb']:.0f} KB | {bios} |"
         )
     return "\n".join(lines)
 

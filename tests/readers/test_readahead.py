@@ -354,3 +354,35 @@ def test_file_ahead_keeps_a_window_ahead(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert resident(str(path), 4 << 20, 5 << 20) > 0  # ahead of the last position
     assert resident(str(path), 7 << 20, 8 << 20) == 0  # but not the whole file
+
+
+def test_stream_announces_the_next_run_before_reading_this_one(big: Path) -> None:
+    """ShardStream's reader hints one run ahead; the dataset leaves those runs to it."""
+    from readers.stream_reader import RunReader
+
+    ds = open_dataset(big, decode="bytes")
+    log = _record_prefetch(ds)
+    ids = np.concatenate([np.arange(64, 96), np.arange(0, 32), np.arange(200, 232)])
+    reader = RunReader(ds, ids, np.array([0, 32, 64, 96, 128, 160, 200, 232]))
+    reader.read(0)
+    assert log == [(64, 96), (0, 32)]  # this run, and the next one, before the first read
+    for p in range(1, 33):
+        reader.read(p)
+    assert log == [(64, 96), (0, 32), (200, 232)]  # each run announced once
+    for p in range(33, ids.size):
+        reader.read(p)
+    assert len(log) == 3
+    assert ds._ahead.hints == 0  # the detector stayed out of the announced runs
+
+
+def _record_prefetch(ds: Any) -> list[tuple[int, int]]:
+    """Log the dataset's prefetch calls; they still reach the OS."""
+    log: list[tuple[int, int]] = []
+    real = ds.prefetch
+
+    def logged(start: int, stop: int) -> None:
+        log.append((start, stop))
+        real(start, stop)
+
+    ds.prefetch = logged
+    return log
