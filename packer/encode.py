@@ -93,13 +93,20 @@ EXTENSION_FORMATS = {
 _ORIENTED_FORMATS = ("jpeg", "png", "webp")
 
 
-def _read_all(fd: int, size_hint: int) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        chunk = os.read(fd, max(size_hint + 1, 1 << 16))
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+def _read_all(fd: int, size: int) -> bytes:
+    """The bytes of `fd`, whose fstat gave `size`: one read when that many come.
+
+    A read that returns exactly `size` bytes (of ``size + 1`` asked for) is not followed by
+    one that would return none: bytes added after it change the size, mtime and ctime that
+    `read_source` compares after reading, so such a file is ``changed`` either way.
+    """
+    data = os.read(fd, size + 1)
+    if len(data) == size:
+        return data
+    chunks = [data]
+    while chunks[-1]:
+        chunks.append(os.read(fd, max(size + 1, 1 << 16)))
+    return b"".join(chunks)
 
 
 def _state(st: os.stat_result) -> tuple[int, int, int, int]:

@@ -16,6 +16,8 @@ _PNG_TRNS_CHANNELS = {0: 1, 2: 4, 3: 4, 4: 4, 6: 4}
 _JPEG_CHANNELS = {1: 1, 3: 3, 4: 3}
 
 _EXIF_ORIENTATION_TAG = 0x0112
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
 
 
 def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
@@ -31,7 +33,7 @@ def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             pos += 2
             continue
-        (length,) = struct.unpack_from(">H", data, pos + 2)
+        (length,) = _U16.unpack_from(data, pos + 2)
         if marker in _JPEG_SOF and pos + 10 <= n:
             height, width = struct.unpack_from(">HH", data, pos + 5)
             return width, height, data[pos + 9]
@@ -39,30 +41,40 @@ def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     return None
 
 
-def _png_chunks(data: bytes) -> list[tuple[bytes, int, int]]:
-    """``(type, start, length)`` of every chunk header that lies inside `data`, in order."""
-    chunks = []
-    pos = 8
-    n = len(data)
-    while pos + 8 <= n:
-        (length,) = struct.unpack_from(">I", data, pos)
-        kind = data[pos + 4 : pos + 8]
-        chunks.append((kind, pos + 8, length))
-        if kind == b"IEND":
-            break
-        pos += 12 + length
-    return chunks
-
-
-def _png_header(data: bytes) -> tuple[int, int, int] | None:
+def _png_size(data: bytes) -> tuple[int, int, int] | None:
+    """Width, height and colour type from IHDR, or None."""
     if len(data) < 33 or data[12:16] != b"IHDR":
         return None
     width, height = struct.unpack_from(">II", data, 16)
     color_type = data[25]
     if color_type not in _PNG_CHANNELS:
         return None
-    kinds = {kind for kind, _, _ in _png_chunks(data)}
-    table = _PNG_TRNS_CHANNELS if b"tRNS" in kinds else _PNG_CHANNELS
+    return width, height, color_type
+
+
+def _png_find(data: bytes, want: bytes) -> tuple[int, int] | None:
+    """``(start, length)`` of the first chunk of type `want` whose header lies in `data`,
+    up to IEND; None when there is none."""
+    pos = 8
+    n = len(data)
+    unpack = _U32.unpack_from
+    while pos + 8 <= n:
+        kind = data[pos + 4 : pos + 8]
+        (length,) = unpack(data, pos)
+        if kind == want:
+            return pos + 8, length
+        if kind == b"IEND":
+            return None
+        pos += 12 + length
+    return None
+
+
+def _png_header(data: bytes) -> tuple[int, int, int] | None:
+    found = _png_size(data)
+    if found is None:
+        return None
+    width, height, color_type = found
+    table = _PNG_TRNS_CHANNELS if _png_find(data, b"tRNS") is not None else _PNG_CHANNELS
     return width, height, table[color_type]
 
 
@@ -159,8 +171,8 @@ def image_size(data: bytes, fmt: str) -> tuple[int, int] | None:
     """Width and height from the header of any sniffed format, without decoding; None when
     the header does not give them (the decoder then applies its own limits)."""
     try:
-        if fmt in ("jpeg", "png"):
-            found = _jpeg_header(data) if fmt == "jpeg" else _png_header(data)
+        if fmt in ("jpeg", "png"):  # the size only: a PNG's chunks need not be walked
+            found = _jpeg_header(data) if fmt == "jpeg" else _png_size(data)
             return None if found is None else (found[0], found[1])
         if fmt == "bmp":
             return _bmp_size(data)
@@ -189,17 +201,15 @@ def _exif_blob(data: bytes, fmt: str) -> bytes | None:
                 continue
             if marker == 0xDA or marker in _JPEG_SOF:
                 return None  # the EXIF segment comes before the frame
-            (length,) = struct.unpack_from(">H", data, pos + 2)
+            (length,) = _U16.unpack_from(data, pos + 2)
             body = data[pos + 4 : pos + 2 + length]
             if marker == 0xE1 and body.startswith(b"Exif\x00\x00"):
                 return body[6:]
             pos += 2 + length
         return None
     if fmt == "png":
-        for kind, start, length in _png_chunks(data):
-            if kind == b"eXIf":
-                return data[start : start + length]
-        return None
+        found = _png_find(data, b"eXIf")
+        return None if found is None else data[found[0] : found[0] + found[1]]
     if fmt == "webp":
         pos = 12
         while pos + 8 <= len(data):

@@ -58,8 +58,10 @@ class ScanResult:
 
 def check_name(rel: str) -> str | None:
     """Why `rel` cannot be stored as a path in the index, or None when it can."""
-    if any(c in rel for c in "\t\n\r"):
+    if "\t" in rel or "\n" in rel or "\r" in rel:
         return "the name holds a tab or newline, which list files and logs cannot carry"
+    if rel.isascii():
+        return None
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
@@ -74,6 +76,18 @@ def _printable(rel: str) -> str:
 def _inside(root_real: str, path: str) -> bool:
     real = os.path.realpath(path)
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def _add_file(result: ScanResult, rel: str, entry: os.DirEntry[str]) -> None:
+    """A regular file found by the scan: a candidate, a metadata file, or a bad name."""
+    if os.path.splitext(entry.name)[1].lower() in METADATA_EXTENSIONS:
+        result.ignored += 1
+        return
+    why = check_name(rel)
+    if why is not None:
+        result.problems.append(Problem(_printable(rel), P.BAD_NAME, why))
+        return
+    result.files.append(SourceFile(rel, entry.path))
 
 
 def scan_tree(src: str | os.PathLike[str], *, exclude: tuple[str, ...] = ()) -> ScanResult:
@@ -109,6 +123,10 @@ def scan_tree(src: str | os.PathLike[str], *, exclude: tuple[str, ...] = ()) -> 
             if entry.name.startswith("."):
                 continue
             rel = f"{prefix}{entry.name}"
+            if entry.is_file(follow_symlinks=False):
+                # the directory entry's type says a regular file (not a link): no stat needed
+                _add_file(result, rel, entry)
+                continue
             shown = _printable(rel)
             try:
                 info = entry.stat(follow_symlinks=True)
@@ -139,14 +157,7 @@ def scan_tree(src: str | os.PathLike[str], *, exclude: tuple[str, ...] = ()) -> 
                     Problem(shown, P.NOT_REGULAR, "not a regular file (FIFO, socket or device)")
                 )
                 continue
-            if os.path.splitext(entry.name)[1].lower() in METADATA_EXTENSIONS:
-                result.ignored += 1
-                continue
-            why = check_name(rel)
-            if why is not None:
-                result.problems.append(Problem(shown, P.BAD_NAME, why))
-                continue
-            result.files.append(SourceFile(rel, entry.path))
+            _add_file(result, rel, entry)
     result.files.sort(key=lambda f: f.rel)
     result.top_dirs.sort()
     result.problems.sort(key=lambda p: p.path)
