@@ -145,8 +145,10 @@ def run_engine(
     *,
     say: Callable[[str], None],
     started: float,
+    pool: Any | None = None,
 ) -> None:
-    """Have ``cfg.engine`` write the planned shards that are not `finished` (`packer.engines`)."""
+    """Have ``cfg.engine`` write the planned shards that are not `finished` (`packer.engines`);
+    `pool`: the local engine's process pool, when `_early_pool` started it."""
     if cfg.engine == "ray":
         from packer.engines.ray import run_ray  # ray is imported only here
 
@@ -154,7 +156,7 @@ def run_engine(
     else:
         from packer.engines.local import run_local
 
-        run_local(cfg, tmp, entries, shards, finished, started=started)
+        run_local(cfg, tmp, entries, shards, finished, started=started, pool=pool)
 
 
 def _already_complete(
@@ -224,6 +226,23 @@ def _prepare_build_dir(
 
 
 @contextlib.contextmanager
+def _early_pool(cfg: BuildConfig) -> Iterator[Any | None]:
+    """The local engine's process pool, started before the scan: its processes import OpenCV
+    on the other cores while this one scans and plans (this one never decodes then)."""
+    if cfg.engine != "local" or cfg.workers <= 1:
+        yield None
+        return
+    from packer.engines.local import start_pool
+
+    pool = start_pool(cfg.workers)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+@contextlib.contextmanager
 def _exclusive(out: Path) -> Iterator[None]:
     """Hold a lock that makes a second build of the same OUT fail at once instead of mixing
     its shards into the first one's build directory."""
@@ -256,11 +275,13 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         PackerError: see `_build`.
     """
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(cfg.out):
-        return _build(cfg, log=log)
+    with _exclusive(cfg.out), _early_pool(cfg) as pool:
+        return _build(cfg, log=log, pool=pool)
 
 
-def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
+def _build(
+    cfg: BuildConfig, *, log: Callable[[str], None] | None = None, pool: Any | None = None
+) -> BuildSummary:
     """Pack ``cfg.src`` into ``cfg.out``; the output appears under its name only when complete.
 
     The inputs are planned into shards first (`packer.plan`); each finished shard leaves a
@@ -302,7 +323,7 @@ def _build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Bui
     summary = BuildSummary(out=out)
     shard_cls = writer_class(cfg.format)
     try:
-        run_engine(cfg, tmp, plan.entries, shards, finished, say=say, started=started)
+        run_engine(cfg, tmp, plan.entries, shards, finished, say=say, started=started, pool=pool)
         (tmp / MERGING_NAME).touch()
         merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
         found = label_problems + merged.problems

@@ -39,7 +39,6 @@ import stat
 import zlib
 from typing import Any
 
-import cv2
 import numpy as np
 
 from packer import problems as P
@@ -91,6 +90,15 @@ EXTENSION_FORMATS = {
 
 # Formats whose EXIF orientation OpenCV applies with IMREAD_COLOR but not IMREAD_UNCHANGED.
 _ORIENTED_FORMATS = ("jpeg", "png", "webp")
+
+
+def __getattr__(name: str) -> Any:
+    """``packer.encode.cv2``: OpenCV, imported when first asked for (see `_decode_unchanged`)."""
+    if name == "cv2":
+        import cv2
+
+        return cv2
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -151,6 +159,8 @@ def read_source(path: str, rel: str) -> bytes | Problem:
 
 
 def _decode_unchanged(data: bytes) -> np.ndarray | None:
+    import cv2  # imported where images are decoded: a build's main process may never need it
+
     try:
         return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error:  # OpenCV raises for some malformed headers instead of returning None

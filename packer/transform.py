@@ -1,5 +1,9 @@
 """Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw) and ``--max-pixels``,
-and turning a stored grid upright by its EXIF orientation."""
+and turning a stored grid upright by its EXIF orientation.
+
+OpenCV is imported by the functions that use it, not with the module: the main process of a
+parallel build only plans and merges, and its pool processes import OpenCV themselves while
+it scans (`packer.engines.local.start_pool`)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import cv2
 import numpy as np
 
 # PIL's decompression-bomb error threshold (2 x Image.MAX_IMAGE_PIXELS): ~13,400 x 13,400.
@@ -104,6 +107,8 @@ def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, s
 
     Returns the bytes to store, their format, and the stored image (for its dimensions).
     """
+    import cv2  # imported where images are decoded (see packer.encode)
+
     height, width = image.shape[:2]
     size = _scaled_size(width, height, t)
     if size is not None:
@@ -133,6 +138,8 @@ def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, s
 
 def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
     """Turn a stored pixel grid upright as its EXIF orientation says (as OpenCV does)."""
+    import cv2  # imported where images are decoded (see packer.encode)
+
     if orientation == 2:
         return cv2.flip(image, 1)
     if orientation == 3:

@@ -11,6 +11,7 @@ Either way the dataset is the same byte for byte, for any number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 import zlib
@@ -35,9 +36,27 @@ _BATCH = 32  # images per task sent to a worker process: amortises the IPC
 _IN_FLIGHT = 4  # tasks queued per worker: enough to keep each busy, and memory bounded
 
 
-def _pool(workers: int) -> Any:
+def _warm() -> None:
+    """In a new pool process: import what reading and writing images needs (OpenCV), while
+    the process that started the pool goes on scanning and planning."""
+    import cv2  # noqa: F401
+
+
+def start_pool(workers: int) -> Any:
+    """A pool of `workers` processes for `run_local`, started now (by fork where there is
+    fork: they share what this process imported) and warming up in the background."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method).Pool(workers)
+    return multiprocessing.get_context(method).Pool(workers, initializer=_warm)
+
+
+@contextlib.contextmanager
+def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
+    """`pool` when the caller started one, else a pool of `workers` for this call."""
+    if pool is not None:
+        yield pool
+        return
+    with start_pool(workers) as own:
+        yield own
 
 
 def _prepare_batch(
@@ -78,7 +97,7 @@ def restore(item: Record | Problem, path: str) -> Record | Problem:
     return replace(item, data=got)
 
 
-def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Prepared]:
+def prepared(entries: list[Entry], cfg: BuildConfig, pool: Any | None = None) -> Iterator[Prepared]:
     """Each entry read, checked and transformed, in entry order.
 
     With several workers the images are processed in a process pool while this process
@@ -92,7 +111,7 @@ def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Prepared]:
         yield from task_prepared(entries, cfg)
         return
     strip = cfg.transform.identity  # original bytes: re-read here rather than piped back
-    with _pool(cfg.workers) as pool:
+    with _pool(cfg.workers, pool) as workers:
         pending: deque[tuple[Any, list[tuple[str, str, Any]]]] = deque()
 
         def collect() -> Iterator[Prepared]:
@@ -102,7 +121,7 @@ def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Prepared]:
 
         for batch in batches:
             args = (batch, cfg.decode_check, cfg.transform, strip)
-            pending.append((pool.apply_async(_prepare_batch, args), batch))
+            pending.append((workers.apply_async(_prepare_batch, args), batch))
             if len(pending) >= cfg.workers * _IN_FLIGHT:
                 yield from collect()
         while pending:
@@ -127,8 +146,10 @@ def run_local(
     finished: set[int],
     *,
     started: float,
+    pool: Any | None = None,
 ) -> None:
-    """Write the planned shards of the build in `tmp` that are not in `finished`.
+    """Write the planned shards of the build in `tmp` that are not in `finished`; `pool`:
+    the `start_pool` of ``cfg.workers`` processes to use (None: one is started if needed).
 
     Raises:
         InputError: a bad input with ``on_error="fail"`` (the first in entry order).
@@ -138,9 +159,9 @@ def run_local(
     with progress_bar(len(entries), cfg.progress) as bar:
         bar.update(len(entries) - sum(s.stop - s.start for s in todo))
         if cfg.workers > 1 and len(todo) > 1:
-            _shards_in_pool(cfg, tmp, entries, todo, bar, started)
+            _shards_in_pool(cfg, tmp, entries, todo, bar, started, pool)
         else:
-            _shards_here(cfg, tmp, entries, shards, finished, bar, started)
+            _shards_here(cfg, tmp, entries, shards, finished, bar, started, pool)
 
 
 def _shards_here(
@@ -151,11 +172,12 @@ def _shards_here(
     finished: set[int],
     bar: Any,
     started: float,
+    pool: Any | None,
 ) -> None:
     """The shard task in this process, shard after shard, fed by `prepared`; each shard is
     written with its final first id (the counts of the shards before it)."""
     todo = [e for s in shards if s.number not in finished for e in entries[s.start : s.stop]]
-    results = prepared(todo, cfg)
+    results = prepared(todo, cfg, pool)
     written = 0
     unshown = 0  # images written since the bar last moved: updating it costs ~10 us
 
@@ -190,13 +212,14 @@ def _shards_in_pool(
     todo: list[ShardPlan],
     bar: Any,
     started: float,
+    pool: Any | None,
 ) -> None:
     """One shard task per pool process; results are taken in plan order, so a bad input
     with ``on_error="fail"`` is reported as the first one in entry order."""
     jobs = ((cfg, tmp, s, entries[s.start : s.stop]) for s in todo)
     written = 0
-    with _pool(min(cfg.workers, len(todo))) as pool:
-        for shard, result in zip(todo, pool.imap(_shard_job, jobs), strict=True):
+    with _pool(min(cfg.workers, len(todo)), pool) as workers:
+        for shard, result in zip(todo, workers.imap(_shard_job, jobs), strict=True):
             if isinstance(result, tuple):
                 raise rebuild(result)
             written += int(result["bytes"])
