@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import time
 import zlib
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from packer.config import BuildConfig
-from packer.encode import Transform, prepare
+from packer.encode import Transform, prepare, read_all
 from packer.engines import progress_bar
 from packer.errors import PackerError
 from packer.plan import ShardPlan
@@ -32,7 +32,8 @@ from packer.task import PortableError, Prepared, portable, rebuild, run_shard, w
 from packer.task import prepared as task_prepared
 from packer.writers.part import index_row, read_done
 
-_BATCH = 32  # images per task sent to a worker process: amortises the IPC
+_BATCH = 64  # images per task sent to a worker process: amortises the IPC
+_POOLED = 64  # fewer images than this are prepared in this process
 _IN_FLIGHT = 4  # tasks queued per worker: enough to keep each busy, and memory bounded
 
 
@@ -59,6 +60,11 @@ def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
         yield own
 
 
+def _with_data(r: Record, data: bytes) -> Record:
+    """`r` with other bytes (the constructor called directly: dataclasses.replace took 4 us)."""
+    return Record(r.rel, r.label, data, r.format, r.width, r.height, r.channels, r.crc32, r.notes)
+
+
 def _prepare_batch(
     batch: list[tuple[str, str, Any]],
     decode_check: bool,
@@ -72,7 +78,7 @@ def _prepare_batch(
         item = prepare(rel, path, label, decode_check=decode_check, transform=transform)
         if isinstance(item, Record):
             row = index_row(item)
-            results.append((replace(item, data=b"") if strip else item, row))
+            results.append((_with_data(item, b"") if strip else item, row))
         else:
             results.append((item, None))
     return results
@@ -88,13 +94,16 @@ def restore(item: Record | Problem, path: str) -> Record | Problem:
     if not isinstance(item, Record) or item.data:
         return item
     try:  # a plain read: the worker already vetted the file (regular, readable, an image)
-        with open(path, "rb", buffering=0) as f:
-            got = f.readall()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            got = read_all(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
     except OSError as exc:
         return Problem(item.rel, CHANGED, f"cannot be read again after its check ({exc})")
     if zlib.crc32(got) != item.crc32:
         return Problem(item.rel, CHANGED, "changed between its check and its packing")
-    return replace(item, data=got)
+    return _with_data(item, got)
 
 
 def prepared(entries: list[Entry], cfg: BuildConfig, pool: Any | None = None) -> Iterator[Prepared]:
@@ -107,7 +116,7 @@ def prepared(entries: list[Entry], cfg: BuildConfig, pool: Any | None = None) ->
     """
     tasks = [(e.file.rel, e.file.path, e.label) for e in entries]
     batches = (tasks[i : i + _BATCH] for i in range(0, len(tasks), _BATCH))
-    if cfg.workers <= 1 or len(entries) < 2 * _BATCH:
+    if cfg.workers <= 1 or len(entries) < _POOLED:
         yield from task_prepared(entries, cfg)
         return
     strip = cfg.transform.identity  # original bytes: re-read here rather than piped back
