@@ -14,6 +14,7 @@ chunks ahead of the reads (as the samplers do), except ``none`` and ``detector``
 - madvise:       madvise(MADV_WILLNEED) of the same extents on the dataset's own mapping
 - pread:         one pread of each extent just before the chunk is read (blocking)
 - detector:      ``dataset[i]`` in id order: the dataset's own read-ahead, no caller hints
+- sampler:       ChunkShuffleSampler's shuffled order with its own hints (``dataset.prefetch``)
 
 Default storage: the emulated hard disk (blkio cgroup v1 throttle, 100 MiB/s and 300 IOPS;
 root); ``--fast`` adds this machine's disk as it is. ``--out DIR`` writes bench_readahead.md.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
 
-MODES = ("none", "fadvise-range", "fadvise", "madvise", "pread", "detector")
+MODES = ("none", "fadvise-range", "fadvise", "madvise", "pread", "detector", "sampler")
 CHUNK = 64
 AHEAD = 2
 
@@ -94,6 +95,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     n, mode = len(ds), spec["mode"]
     ds.read_bytes(0)  # open the shard (its mapping) before the clock starts
     hint = Hinter(ds, mode)
+    if mode == "sampler":
+        from readers import ChunkShuffleSampler
+
+        sampler = ChunkShuffleSampler(ds, seed=1, rank=0, world_size=1)
+        sampler.set_epoch(spec.get("run", 0) + 1)
+        order = iter(sampler)  # its hints go to ds.prefetch as the pass goes
     ds[0]  # every code path of the pass runs once before the page cache is dropped
     hint(0, 1)
     throttle = benchlib.Throttle.of(spec.get("cgroup"))
@@ -106,6 +113,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if mode == "detector":
         for i in range(n):
             ds[i]
+    elif mode == "sampler":
+        for i in order:
+            ds.read_bytes(i)
     else:
         unhinted = 0  # the first chunk not hinted yet
         for lo in range(0, n, CHUNK):
@@ -208,7 +218,8 @@ def main() -> None:
                             "cgroup": str(th.group) if th is not None and th.group else "",
                         }
                         runs = [
-                            benchlib.run_child(Path(__file__), spec, tmp) for _ in range(args.runs)
+                            benchlib.run_child(Path(__file__), {**spec, "run": k}, tmp)
+                            for k in range(args.runs)
                         ]
                         rows.append(summarize(fmt, mode, runs, int(mean)))
                         r = rows[-1]
@@ -218,7 +229,11 @@ def main() -> None:
                         )
                 note = throttle.why if th is not None else "no throttle"
                 sections.append(
-                    table(rows, f"Cold sequential pass, {storage} ({note}), {what}")
+                    table(
+                        rows,
+                        f"Cold pass in id order (sampler: its own order), {storage} ({note}), "
+                        f"{what}",
+                    )
                     + f"\n\nMedian of {args.runs} passes; chunks of {CHUNK} samples hinted "
                     f"{AHEAD} chunks ahead. Mean disk request: all reads of {disk[0]} during "
                     "the pass (other processes' too); mean bio: this pass's reads as submitted."
