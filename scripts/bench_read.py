@@ -114,10 +114,8 @@ class Child:
         if subset is not None:
             ids = self.rng.permutation(len(ds)) if shuffle else self.np.arange(len(ds))
             ids = ids[: subset * BATCH].tolist()
-            batches = [ids[s : s + BATCH] for s in range(0, len(ids), BATCH)]
-            return self.paddle.io.DataLoader(
-                ds, batch_sampler=ListBatches(batches), num_workers=workers
-            )
+            batches: Any = ListBatches([ids[s : s + BATCH] for s in range(0, len(ids), BATCH)])
+            return self.paddle.io.DataLoader(ds, batch_sampler=batches, num_workers=workers)
         return self.paddle.io.DataLoader(ds, batch_size=BATCH, shuffle=shuffle, num_workers=workers)
 
     def counters(self) -> tuple[int, int]:
@@ -190,7 +188,9 @@ class Child:
                 )
             if self.spec["decode_bound"]:
                 bound.append(self.decode_bound())
-        out = [{"name": n, "order": o, "runs": rs} for (n, o), rs in results.items()]
+        out: list[dict[str, Any]] = [
+            {"name": n, "order": o, "runs": rs} for (n, o), rs in results.items()
+        ]
         if bound:
             out.append({"name": BOUND, "order": "shuffle=False", "runs": bound})
         return out
@@ -306,8 +306,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        spec = json.loads(args.child[0].read_text())
-        args.child[1].write_text(json.dumps(Child(spec).run()))
+        child_spec = json.loads(args.child[0].read_text())
+        args.child[1].write_text(json.dumps(Child(child_spec).run()))
         return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as name:
@@ -333,7 +333,7 @@ def main() -> None:
             "staged": _takes_cache_dir(),
             "record_bytes": record,
         }
-        storages = [(FAST, None)]
+        storages: list[tuple[str, benchlib.Throttle | None]] = [(FAST, None)]
         throttle = None if args.no_slow_disk else benchlib.Throttle(tmp)
         if throttle is not None and throttle.group is not None:
             storages.append((SLOW, throttle))

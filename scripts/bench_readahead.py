@@ -198,7 +198,9 @@ def main() -> None:
         disk = benchlib.whole_disk(tmp)
         if disk is None:
             sys.exit(f"{tmp} is not on a block device; set BENCH_TMP to a directory on a disk")
-        storages = [("emulated hard disk", throttle)] if throttle.group else []
+        storages: list[tuple[str, benchlib.Throttle | None]] = []
+        if throttle.group:
+            storages.append(("emulated hard disk", throttle))
         if args.fast or not storages:
             storages.append(("this machine's disk", None))
         sections = []
