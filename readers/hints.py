@@ -1,5 +1,8 @@
-"""Read-ahead hints of the samplers: each chunk is hinted to ``dataset.prefetch`` a bounded
-distance before its first sample is read."""
+"""Chunk sizes and read-ahead hints of the samplers.
+
+A default chunk holds about ``CHUNK_BYTES`` of stored bytes (``resolve_chunk_size``); each chunk
+is hinted to ``dataset.prefetch`` a bounded distance before its first sample is read.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +13,51 @@ import numpy as np
 
 from readers.order import IntArray, chunk_ranges
 
-__all__ = ["PREFETCH_BYTES", "ChunkHints", "lookahead_samples"]
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_CHUNK_SIZE",
+    "MAX_CHUNK_SIZE",
+    "PREFETCH_BYTES",
+    "ChunkHints",
+    "lookahead_samples",
+    "resolve_chunk_size",
+]
 
 PREFETCH_BYTES = 32 << 20
 """At most this many bytes of upcoming chunks are hinted to the OS ahead of the reads."""
 
+DEFAULT_CHUNK_SIZE = 64
+"""Samples per chunk without a byte count (no ``dataset.index.nbytes``), and the fewest a
+default chunk has: 64 typical JPEGs are a few MB."""
+
+CHUNK_BYTES = 1 << 20
+"""Stored bytes a default chunk aims at: one hint and a few large disk requests per chunk."""
+
+MAX_CHUNK_SIZE = 4096
+"""The most samples a default chunk has (tiny records: keep the order mixed)."""
+
 Prefetch = Callable[[int, int], Any]
+
+
+def resolve_chunk_size(dataset: Any, chunk_size: int | None, ids: IntArray | None) -> int:
+    """Samples per chunk: ``chunk_size`` itself when given, else about ``CHUNK_BYTES`` of them.
+
+    The default counts the mean stored size of the selected samples (``ids``; None: all) in
+    ``dataset.index.nbytes``, in integers so that every rank and process gets the same value,
+    and keeps it within ``[DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE]``. A dataset without that index
+    (or an index of another length) gets ``DEFAULT_CHUNK_SIZE``.
+    """
+    if chunk_size is not None:
+        return int(chunk_size)
+    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
+    if nbytes is None or len(nbytes) != len(dataset):
+        return DEFAULT_CHUNK_SIZE
+    sizes = np.asarray(nbytes) if ids is None else np.asarray(nbytes)[ids]
+    total = int(sizes.sum(dtype=np.int64))
+    if sizes.size == 0 or total <= 0:
+        return DEFAULT_CHUNK_SIZE
+    per_chunk = CHUNK_BYTES * int(sizes.size) // total  # CHUNK_BYTES / mean size
+    return min(MAX_CHUNK_SIZE, max(DEFAULT_CHUNK_SIZE, per_chunk))
 
 
 def lookahead_samples(dataset: Any, *, chunk_size: int, window: int) -> int:

@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy.typing as npt
 
-from readers.hints import PREFETCH_BYTES, ChunkHints, lookahead_samples
+from readers.hints import (
+    CHUNK_BYTES,
+    DEFAULT_CHUNK_SIZE,
+    PREFETCH_BYTES,
+    ChunkHints,
+    lookahead_samples,
+    resolve_chunk_size,
+)
 from readers.order import (
     IntArray,
     check_nonneg,
@@ -30,6 +37,7 @@ from readers.resume import SAMPLER_STATE_VERSION, fingerprint, read_sampler_stat
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
+    "CHUNK_BYTES",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_WINDOW",
     "PREFETCH_BYTES",
@@ -39,9 +47,6 @@ __all__ = [
     "chunk_ranges",
     "split_for_rank",
 ]
-
-DEFAULT_CHUNK_SIZE = 64
-"""Samples per chunk: neighbouring ids read together (a few MB of typical JPEGs)."""
 
 DEFAULT_WINDOW = 8
 """Chunks per shuffle block: samples are mixed across this many chunks."""
@@ -90,7 +95,9 @@ class ChunkShuffleSampler:
 
     Args:
         dataset: Sized; optional ``shard_bounds``, ``labels`` and ``prefetch(start, stop)``.
-        chunk_size: Neighbouring samples per chunk.
+        chunk_size: Neighbouring samples per chunk; default (None): about ``CHUNK_BYTES``
+            (1 MiB) of stored bytes by the dataset's index, 64 to 4096 samples (64 without
+            an index). The value used is ``.chunk_size`` and is part of the resume state.
         window: Chunks per shuffle block; 0 keeps each chunk in id order.
         shuffle: False yields ids in ascending order (still split across ranks).
         seed: Non-negative seed shared by all ranks.
@@ -106,7 +113,7 @@ class ChunkShuffleSampler:
         self,
         dataset: SizedDataset,
         *,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = None,
         window: int = DEFAULT_WINDOW,
         shuffle: bool = True,
         seed: int = 0,
@@ -116,11 +123,11 @@ class ChunkShuffleSampler:
         indices: npt.ArrayLike | None = None,
         labels: Iterable[int | str] | None = None,
     ) -> None:
-        check_nonneg("chunk_size", chunk_size, 1)
+        if chunk_size is not None:
+            check_nonneg("chunk_size", chunk_size, 1)
         check_nonneg("window", window)
         check_nonneg("seed", seed)
         self._rank, self._world_size = check_rank(rank, world_size)
-        self._chunk_size = int(chunk_size)
         self._window = int(window)
         self._shuffle = bool(shuffle)
         self._seed = int(seed)
@@ -128,9 +135,10 @@ class ChunkShuffleSampler:
         self._bounds = dataset_bounds(dataset)
         self._ids = select_ids(dataset, indices, labels)
         self._num_selected = int(self._bounds[-1]) if self._ids is None else self._ids.size
+        self._chunk_size = resolve_chunk_size(dataset, chunk_size, self._ids)
         prefetch = getattr(dataset, "prefetch", None)
         self._prefetch = prefetch if callable(prefetch) else None
-        self._lookahead = lookahead_samples(dataset, chunk_size=chunk_size, window=window)
+        self._lookahead = lookahead_samples(dataset, chunk_size=self._chunk_size, window=window)
         self._epoch = 0
         self._offset = 0  # where the next pass starts (set by load_state_dict)
         self._pass: _Pass | None = None  # the latest pass, for state_dict()
@@ -149,6 +157,11 @@ class ChunkShuffleSampler:
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    @property
+    def chunk_size(self) -> int:
+        """Samples per chunk: the ``chunk_size`` given, or the one chosen by stored bytes."""
+        return self._chunk_size
 
     @property
     def num_selected(self) -> int:
@@ -316,7 +329,7 @@ class ChunkShuffleBatchSampler:
         *,
         batch_size: int,
         drop_last: bool = False,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = None,
         window: int = DEFAULT_WINDOW,
         shuffle: bool = True,
         seed: int = 0,
