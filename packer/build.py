@@ -232,14 +232,16 @@ def _early_pool(cfg: BuildConfig) -> Iterator[Any | None]:
     if cfg.engine != "local" or cfg.workers <= 1:
         yield None
         return
-    from packer.engines.local import start_pool
+    from packer.engines.local import start_pool, stop_pool
 
     pool = start_pool(cfg.workers)
     try:
         yield pool
-    finally:
+    except BaseException:
         pool.terminate()
         pool.join()
+        raise
+    stop_pool(pool)
 
 
 @contextlib.contextmanager

@@ -69,7 +69,6 @@ __all__ = [
     "parse_resize",
     "prepare",
     "probe_header",
-    "read_all",
     "read_source",
 ]
 
@@ -102,7 +101,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def read_all(fd: int, size: int) -> bytes:
+def _read_all(fd: int, size: int) -> bytes:
     """The bytes of `fd`, whose fstat gave `size`: one read when that many come.
 
     A read that returns exactly `size` bytes (of ``size + 1`` asked for) is not followed by
@@ -141,7 +140,7 @@ def read_source(path: str, rel: str) -> bytes | Problem:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             return Problem(rel, P.NOT_REGULAR, "no longer a regular file (replaced after the scan)")
-        data = read_all(fd, before.st_size)
+        data = _read_all(fd, before.st_size)
         after = os.fstat(fd)
     except OSError as exc:
         return Problem(rel, P.UNREADABLE, f"cannot read ({exc.strerror or exc})")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.config import BuildConfig
-from packer.encode import Transform, prepare, read_all
+from packer.encode import Transform, _read_all, prepare
 from packer.engines import progress_bar
 from packer.errors import PackerError
 from packer.plan import ShardPlan
@@ -52,12 +52,27 @@ def start_pool(workers: int) -> Any:
 
 @contextlib.contextmanager
 def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
-    """`pool` when the caller started one, else a pool of `workers` for this call."""
-    if pool is not None:
-        yield pool
-        return
-    with start_pool(workers) as own:
-        yield own
+    """`pool` when the caller started one, else a pool of `workers` for this call.
+
+    Either way a failure stops the pool's processes before it propagates: a shard task
+    still writing would otherwise race the removal of the build directory.
+    """
+    active = start_pool(workers) if pool is None else pool
+    try:
+        yield active
+    except BaseException:
+        active.terminate()
+        active.join()
+        raise
+    if pool is None:
+        stop_pool(active)
+
+
+def stop_pool(pool: Any) -> None:
+    """Let the idle processes of `pool` exit on their own (no signal: a signal handler that
+    a library installed, paddle's, could hang a process it interrupts)."""
+    pool.close()
+    pool.join()
 
 
 def _with_data(r: Record, data: bytes) -> Record:
@@ -96,7 +111,7 @@ def restore(item: Record | Problem, path: str) -> Record | Problem:
     try:  # a plain read: the worker already vetted the file (regular, readable, an image)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            got = read_all(fd, os.fstat(fd).st_size)
+            got = _read_all(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
     except OSError as exc:
