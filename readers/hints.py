@@ -66,7 +66,8 @@ def lookahead_samples(dataset: Any, *, chunk_size: int, window: int) -> int:
     One shuffle block ahead, so the next block's chunks are on their way from disk while this
     block's samples are decoded; but never more than ``PREFETCH_BYTES`` ahead (by the mean
     stored size in ``dataset.index.nbytes``): hinting 200 MB at once on a 100 MB/s disk
-    stalled the reads for seconds (bench_orders.py --sweep: 1,000/s -> 15/s).
+    stalled the reads for seconds (bench_orders.py --sweep: 1,000/s -> 15/s). With default
+    chunks (``CHUNK_BYTES``) a block of 8 is about 8 MiB, under the cap.
     """
     ahead = chunk_size * max(1, window)
     nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)

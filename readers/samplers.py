@@ -2,10 +2,11 @@
 
 The order of an epoch is ``readers.order.chunk_order`` (chunks of neighbouring ids in shuffled
 order, mixed inside blocks of ``window`` chunks) split into contiguous rank shares
-(``split_for_rank``). Samplers never change the order inside ``__iter__``: ``set_epoch``
-chooses the epoch, and ``state_dict``/``load_state_dict`` resume mid-epoch (see
-:class:`ChunkShuffleSampler`). Each chunk is hinted to ``dataset.prefetch`` a bounded distance
-ahead of its first read (:mod:`readers.hints`).
+(``split_for_rank``); a default chunk holds about ``CHUNK_BYTES`` of stored bytes. Samplers
+never change the order inside ``__iter__``: ``set_epoch`` chooses the epoch, and
+``state_dict``/``load_state_dict`` resume mid-epoch (see :class:`ChunkShuffleSampler`). Each
+chunk is hinted to ``dataset.prefetch`` a bounded distance ahead of its first read
+(:mod:`readers.hints`).
 """
 
 from __future__ import annotations
