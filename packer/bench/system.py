@@ -119,7 +119,10 @@ def storage_warnings(path: Path, size: int) -> list[str]:
         )
     else:
         scope = "the first epoch (and any epoch after its pages leave the cache) reads from there"
-    advice = "copy it to /dev/shm or a local SSD if you can"
+    advice = (
+        "stage it on /dev/shm or a local SSD if you can: `packer stage OUT /dev/shm/packer`, "
+        "or cache_dir= on the dataset"
+    )
     if where.network:
         return [
             f"{path} is on a network or userspace filesystem ({where.fstype} "
