@@ -21,25 +21,12 @@ import pyarrow.parquet as pq
 
 from packer.problems import Problem
 from packer.writers.base import ShardWriter, fsync_path
-from packer.writers.part import part_paths, read_done
+from packer.writers.part import PART_SCHEMA, part_paths, read_done
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, shard_name
 
-PARQUET_SCHEMA = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("path", pa.string()),
-        ("label_json", pa.string()),
-        ("label_int", pa.int64()),
-        ("shard", pa.int32()),
-        ("key", pa.string()),
-        ("offset", pa.int64()),
-        ("nbytes", pa.int64()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("channels", pa.int32()),
-        ("format", pa.string()),
-        ("crc32", pa.uint32()),
-    ]
+# index.parquet: a part's columns plus the global id and the shard number
+PARQUET_SCHEMA = PART_SCHEMA.insert(0, pa.field("id", pa.int64())).insert(
+    4, pa.field("shard", pa.int32())
 )
 _ROW_GROUP = 65536
 

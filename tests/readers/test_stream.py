@@ -22,6 +22,7 @@ from packer.transform import Transform
 from readers import LmdbDataset, ShardStream
 from readers.formats import FORMATS
 from readers.order import chunk_ranges, worker_counts
+from tests.readers.test_order import round_robin
 
 N = 151  # odd, so ranks and workers get uneven shares and batches run short mid-epoch
 SHAPE = (10, 12, 3)
@@ -77,28 +78,6 @@ def emulate_workers(
         fake_worker(monkeypatch, w, num_workers)
         out.append(list(pickle.loads(pickle.dumps(stream))))
     fake_worker(monkeypatch, None)
-    return out
-
-
-def round_robin(per_worker: list[list[Any]], batch_size: int, drop_last: bool) -> list[list[Any]]:
-    """paddle's dispatch, written plainly: requests go to workers in a cycle that skips the
-    ones that ran out; each worker batches its own items."""
-    batches = [
-        [items[s : s + batch_size] for s in range(0, len(items), batch_size)]
-        for items in per_worker
-    ]
-    if drop_last:
-        batches = [[b for b in bs if len(b) == batch_size] for bs in batches]
-    out: list[list[Any]] = []
-    alive = [True] * len(batches)
-    w = 0
-    while any(alive):
-        if alive[w]:
-            if batches[w]:
-                out.append(batches[w].pop(0))
-            else:
-                alive[w] = False
-        w = (w + 1) % len(batches)
     return out
 
 
