@@ -16,25 +16,7 @@ from readers.samplers import (
     ChunkShuffleBatchSampler,
     ChunkShuffleSampler,
 )
-
-EPOCHS = (0, 1, 7)
-LAYOUTS = {
-    "one-shard": [0, 1000],
-    "uneven-shards": [0, 5, 5, 300, 301, 777, 1000],  # with an empty and a 1-sample shard
-    "n-below-world": [0, 2],
-    "one-sample": [0, 1],
-    "empty": [0],
-}
-
-
-def ref_chunks(bounds: list[int], chunk: int, ids: list[int] | None = None) -> list[list[int]]:
-    """Reference chunking, written plainly: selected ids of each shard in groups of `chunk`."""
-    selected = set(range(bounds[-1])) if ids is None else set(ids)
-    out = []
-    for lo, hi in itertools.pairwise(bounds):
-        members = [i for i in range(lo, hi) if i in selected]
-        out += [members[k : k + chunk] for k in range(0, len(members), chunk)]
-    return out
+from tests.readers.test_order import EPOCHS, LAYOUTS, ref_chunks
 
 
 class RecordingDataset:
