@@ -9,7 +9,8 @@ one run, ``paddle.io.DataLoader(ds, batch_size=64, num_workers=2)`` with the def
   paddle's BatchSampler), ChunkShuffleBatchSampler, and staged (``cache_dir=`` on /dev/shm,
   copied once per run from the cold disk; the copy's seconds are shown apart);
 - the decode bound: the stored bytes held in RAM, decoded the same way through the same
-  DataLoader (warm).
+  DataLoader, timed right after each chunked-sampler row in the same process (the shared
+  machine's load drifts; the target's ratio is taken per run from these paired values).
 
 Storage: this machine's disk, cold (``echo 3 > /proc/sys/vm/drop_caches`` before each run;
 fresh workers), and an emulated hard disk (blkio cgroup v1 throttle of 100 MiB/s and 300
@@ -165,10 +166,13 @@ class Child:
         result["subset"] = subset
         return result
 
-    def decode_bound(self) -> float:
+    def load_blobs(self) -> None:
+        """The stored bytes in RAM for the decode bound (read before joining the throttle)."""
         ds = self.dataset(next(iter(self.spec["packed"])), decode="bytes")
-        blobs = [ds.read_bytes(i) for i in range(len(ds))]
-        return self.epoch(self.loader(InMemory(blobs), "shuffle=False", None))
+        self.blobs = [ds.read_bytes(i) for i in range(len(ds))]
+
+    def decode_bound(self) -> float:
+        return self.epoch(self.loader(InMemory(self.blobs), "shuffle=False", None))
 
     def run(self) -> list[dict[str, Any]]:
         rows = [(LOOSE, "shuffle=False"), (LOOSE, "shuffle=True")]
@@ -177,22 +181,27 @@ class Child:
             rows += [(fmt, o) for o in ORDERS if o != "staged" or staged]
         results: dict[tuple[str, str], list[dict[str, Any]]] = {r: [] for r in rows}
         bound: list[float] = []
+        self.load_blobs()
         self.throttle.join()
         for run in range(self.spec["runs"]):
             for name, order in rows:
                 results[(name, order)].append(self.row(name, order))
                 r = results[(name, order)][-1]
+                if order == "chunked sampler":  # paired: same process, same workers, just after
+                    r["bound"] = self.decode_bound()
+                    bound.append(r["bound"])
                 benchlib.eprint(
                     f"  {self.spec['storage']} run {run + 1}: {name:9} {order:15} "
                     f"{r['samples_per_s']:8,.0f} samples/s"
+                    + (f" (decode bound just after: {r['bound']:,.0f}/s)" if "bound" in r else "")
                 )
-            if self.spec["decode_bound"]:
-                bound.append(self.decode_bound())
         out: list[dict[str, Any]] = [
             {"name": n, "order": o, "runs": rs} for (n, o), rs in results.items()
         ]
         if bound:
-            out.append({"name": BOUND, "order": "shuffle=False", "runs": bound})
+            out.append(
+                {"name": BOUND, "order": "shuffle=False, after each chunked row", "runs": bound}
+            )
         return out
 
 
@@ -216,6 +225,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]
             "copy_s": med([r["copy_s"] for r in runs]) if "copy_s" in runs[0] else None,
             "subset": runs[0]["subset"],
         }
+        if "bound" in runs[0]:
+            out[(row["name"], row["order"])]["bound_all"] = [r["bound"] for r in runs]
     return out
 
 
@@ -256,13 +267,12 @@ def targets(res: dict[str, dict[tuple[str, str], dict[str, Any]]], spec: dict[st
 
     def check(what: str, value: float | None, need: float, pct: bool = False) -> None:
         if value is not None:
-            shown = f"{value:.0%}" if pct else f"{value:.1f}x"
+            shown = f"{value:.1%}" if pct else f"{value:.1f}x"
             lines.append(f"| {what} | {shown} | {'yes' if value >= need else 'NO'} |")
 
     def row(storage: str, name: str, order: str) -> dict[str, Any] | None:
         return res.get(storage, {}).get((name, order))
 
-    bound = row(FAST, BOUND, "shuffle=False")
     for fmt, record in spec["record_bytes"].items():
         for storage, need in ((SLOW, 10.0), (FAST, 1.6)):  # paddle's default: shuffle=False
             value = paired(row(storage, fmt, "shuffle=False"), row(storage, LOOSE, "shuffle=False"))
@@ -271,10 +281,12 @@ def targets(res: dict[str, dict[tuple[str, str], dict[str, Any]]], spec: dict[st
         value = paired(chunked, row(SLOW, LOOSE, "shuffle=True"))
         check(f"{SLOW}: {fmt} chunked sampler >= 20x loose files (shuffled)", value, 20)
         disk = benchlib.SLOW_BPS / record
-        if chunked and bound:
+        if chunked and chunked.get("bound_all"):
+            bound = {"all": chunked["bound_all"]}  # timed just after each chunked row
             check(
-                f"{SLOW}: {fmt} chunked >= 0.8 x min(decode bound {bound['rate']:,.0f}/s, "
-                f"{benchlib.SLOW_BPS >> 20} MiB/s / {record / 1e3:.1f} kB = {disk:,.0f}/s)",
+                f"{SLOW}: {fmt} chunked >= 0.8 x min(decode bound, paired per run: median "
+                f"{benchlib.median(bound['all']):,.0f}/s, {benchlib.SLOW_BPS >> 20} MiB/s / "
+                f"{record / 1e3:.1f} kB = {disk:,.0f}/s)",
                 paired(chunked, bound, disk),
                 0.8,
                 pct=True,
@@ -343,7 +355,6 @@ def main() -> None:
                 sub = {
                     **spec,
                     "storage": storage,
-                    "decode_bound": storage == FAST,
                     "cgroup": str(th.group) if th is not None else "",
                 }
                 res[storage] = summary(benchlib.run_child(Path(__file__), sub, tmp))
