@@ -111,17 +111,9 @@ def drop_caches() -> bool:
 
 def whole_disk(path: Path) -> tuple[str, str] | None:
     """``(name, "MAJ:MIN")`` of the whole disk holding `path`, or None (tmpfs, overlay)."""
-    dev = os.stat(path).st_dev
-    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    if not node.exists():
-        return None
-    node = node.resolve()
-    if (node / "partition").exists():
-        node = node.parent
-    try:
-        return node.name, (node / "dev").read_text().strip()
-    except OSError:
-        return None
+    from packer.bench.system import whole_disk as disk_of_device
+
+    return disk_of_device(os.stat(path).st_dev)
 
 
 def disk_reads(name: str) -> tuple[int, int]:
