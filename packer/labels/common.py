@@ -7,7 +7,7 @@ import codecs
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,25 @@ def numbered_lines(data: Iterable[bytes]) -> Iterator[tuple[int, str | None]]:
 def has_entry(line: str) -> bool:
     stripped = line.strip()
     return bool(stripped) and not stripped.startswith("#")
+
+
+def entry_lines(
+    lines: Iterable[tuple[int, str | None]],
+    parsed: Parsed,
+    path: Path | str,
+    *,
+    is_entry: Callable[[str], bool] = has_entry,
+) -> Iterator[tuple[int, str]]:
+    """The entry lines of a label file, each counted in ``parsed.lines``; a line that is not
+    UTF-8 is counted too and reported in ``parsed.bad``; blank (and comment) lines are not."""
+    name = Path(path).name
+    for number, line in lines:
+        if line is None:
+            parsed.lines += 1
+            parsed.bad.append(bad_line(name, path, number, "not UTF-8 text"))
+        elif is_entry(line):
+            parsed.lines += 1
+            yield number, line
 
 
 def find_label_file(spec: str, src: Path) -> Path:

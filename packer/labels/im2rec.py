@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from packer.labels.common import Listed, Parsed, bad_line, has_entry, int_or_none, shorten
+from packer.labels.common import Listed, Parsed, bad_line, entry_lines, int_or_none, shorten
 
 _NUMBER = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
 
@@ -44,14 +44,7 @@ def parse_lst_lines(lines: Iterable[tuple[int, str | None]], path: Path | str) -
     """
     name = Path(path).name
     parsed = Parsed("lst")
-    for number, line in lines:
-        if line is None:
-            parsed.lines += 1
-            parsed.bad.append(bad_line(name, path, number, "not UTF-8 text"))
-            continue
-        if not has_entry(line):
-            continue
-        parsed.lines += 1
+    for number, line in entry_lines(lines, parsed, path):
         fields = lst_fields(line)
         if fields is None:
             parsed.bad.append(

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from packer.errors import LabelSourceError
-from packer.labels.common import Listed, Parsed, bad_line, loads_label, shorten
+from packer.labels.common import Listed, Parsed, bad_line, entry_lines, loads_label, shorten
 
 
 def parse_jsonl_lines(lines: Iterable[tuple[int, str | None]], path: Path | str) -> Parsed:
@@ -23,14 +23,7 @@ def parse_jsonl_lines(lines: Iterable[tuple[int, str | None]], path: Path | str)
     name = Path(path).name
     parsed = Parsed("jsonl")
     checked = False
-    for number, line in lines:
-        if line is None:
-            parsed.lines += 1
-            parsed.bad.append(bad_line(name, path, number, "not UTF-8 text"))
-            continue
-        if not line.strip():
-            continue
-        parsed.lines += 1
+    for number, line in entry_lines(lines, parsed, path, is_entry=lambda text: bool(text.strip())):
         try:
             obj = loads_label(line)
         except ValueError as exc:

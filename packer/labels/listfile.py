@@ -11,7 +11,7 @@ from packer.labels.common import (
     Listed,
     Parsed,
     bad_line,
-    has_entry,
+    entry_lines,
     loads_label,
     parse_label_text,
     shorten,
@@ -55,14 +55,7 @@ def parse_list_lines(
     name = Path(path).name
     rows: list[tuple[int, str, str]] = []
     parsed = Parsed("list")
-    for number, line in lines:
-        if line is None:
-            parsed.lines += 1
-            parsed.bad.append(bad_line(name, path, number, "not UTF-8 text"))
-            continue
-        if not has_entry(line):
-            continue
-        parsed.lines += 1
+    for number, line in entry_lines(lines, parsed, path):
         fields = split_list_line(line)
         if fields is None:
             parsed.bad.append(
