@@ -57,7 +57,13 @@ def test_packing_works_without_paddle_and_bench_says_what_to_install(
     src, files = tree
     out = tmp_path / "out.lmdb"
     cli = "from packer.cli import main; sys.argv = ['packer'] + {args!r}; main()"
-    for args in (["build", str(src), str(out)], ["verify", "--deep", str(out)], ["info", str(out)]):
+    cache = str(tmp_path / "cache")
+    for args in (
+        ["build", str(src), str(out)],
+        ["verify", "--deep", str(out)],
+        ["stage", str(out), cache],
+        ["info", str(out)],
+    ):
         done = _run_without_paddle(cli.format(args=args), tmp_path)
         assert done.returncode == 0, (args, done.stderr[-2000:])
     assert "paddle" not in done.stderr.lower()
