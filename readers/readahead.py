@@ -20,14 +20,21 @@ Nothing here imports paddle or knows a format: datasets map ids to byte ranges.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from readers import handles
+
+try:
+    import fcntl
+except ImportError:  # not on Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "FIRST_WINDOW_BYTES",
@@ -38,6 +45,7 @@ __all__ = [
     "SequentialDetector",
     "coalesce",
     "hint_piece",
+    "one_at_a_time",
     "willneed",
 ]
 
@@ -302,10 +310,52 @@ def hint_piece(path: str) -> int:
     return min(PIECE_MOST, max(PIECE_LEAST, cap)) if cap else PIECE_UNKNOWN
 
 
+_in_process = threading.Lock()
+
+
+def _fresh_lock() -> None:
+    global _in_process
+    _in_process = threading.Lock()  # the parent's may have been held by another thread at fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock)
+
+
+@contextlib.contextmanager
+def one_at_a_time(fd: int) -> Iterator[None]:
+    """Hold the file's hint lock: an exclusive ``flock`` on `fd` (this process's own open of
+    the file, see `readers.handles`) and a lock between this process's threads.
+
+    Two processes hinting overlapping ranges at the same moment (DataLoader workers or ranks
+    reading one sequential pass in turns, whose windows grow in step) insert the pages in
+    turns, and each one's requests end where the other's pages begin: measured on the
+    emulated hard disk, 2 workers read a shuffle=False pass in 183 KB requests, 1 worker in
+    883 KB. Taken one at a time, the second call finds the pages in the cache and reads only
+    what is new, in whole requests. A lock that cannot be taken (a file system without
+    ``flock``) is skipped: the hint still goes out.
+    """
+    with _in_process:
+        locked = False
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                locked = True
+            except OSError:
+                pass
+        try:
+            yield
+        finally:
+            if locked:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def willneed(path: str, begin: int, end: int, *, advise: Callable[..., Any] | None = None) -> int:
     """Ask the OS to read bytes ``[begin, end)`` of `path` into the page cache, in pieces of
-    `hint_piece` bytes; returns the number of calls. Does nothing where posix_fadvise is
-    missing. `advise` replaces ``os.posix_fadvise`` (tests count the calls).
+    `hint_piece` bytes, under the file's hint lock (`one_at_a_time`); returns the number of
+    calls. Does nothing where posix_fadvise is missing. `advise` replaces
+    ``os.posix_fadvise`` (tests count the calls).
 
     Raises:
         OSError: the file cannot be opened (callers treat hints as optional).
@@ -316,7 +366,11 @@ def willneed(path: str, begin: int, end: int, *, advise: Callable[..., Any] | No
     fd = handles.shared_fd(path)
     piece = hint_piece(path)
     calls = 0
-    for at in range(int(begin), int(end), piece):
-        call(fd, at, min(piece, int(end) - at), os.POSIX_FADV_WILLNEED)
-        calls += 1
+    at, end = int(begin), int(end)
+    with one_at_a_time(fd):
+        while at < end:
+            stop = min(end, (at // piece + 1) * piece)  # pieces aligned to the piece size
+            call(fd, at, stop - at, os.POSIX_FADV_WILLNEED)
+            calls += 1
+            at = stop
     return calls

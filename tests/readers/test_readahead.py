@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import mmap
+import multiprocessing
 import os
 import time
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from readers.readahead import (
     coalesce,
     detector_for,
     hint_piece,
+    one_at_a_time,
     willneed,
 )
 from tests.conftest import build_packed, encode, make_image
@@ -206,6 +208,44 @@ def test_willneed_splits_a_range_into_pieces_the_kernel_reads_whole(tmp_path: Pa
     ends = [o + length for o, length in calls]
     assert [o for o, _ in calls[1:]] == ends[:-1]
     assert willneed(str(path), 50, 50, advise=advise) == 0
+
+
+def _hint_and_report(path: str, out: Any) -> None:
+    """Child: send one hint and report when its fadvise call ran."""
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        out.put(time.monotonic())
+
+    willneed(path, 0, 4096, advise=advise)
+
+
+def test_hints_to_one_file_go_out_one_at_a_time_across_processes(tmp_path: Path) -> None:
+    # Two workers hinting the same range at once insert its pages in turns and split each
+    # other's disk requests to record size; a hint waits while another process holds the
+    # file's hint lock. The child is forked while this thread holds the in-process lock too,
+    # so the child must not inherit that lock held.
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(1 << 16))
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    with one_at_a_time(handles.shared_fd(str(path))):
+        child = ctx.Process(target=_hint_and_report, args=(str(path), out))
+        child.start()
+        time.sleep(0.5)
+        released = time.monotonic()
+    called = out.get(timeout=20)
+    child.join(30)
+    assert child.exitcode == 0
+    assert called >= released
+
+    # Released: this process and a new child both get it again (a leaked lock would hang).
+    with one_at_a_time(handles.shared_fd(str(path))):
+        pass
+    again = ctx.Process(target=_hint_and_report, args=(str(path), out))
+    again.start()
+    assert out.get(timeout=30) > released
+    again.join(30)
+    assert again.exitcode == 0
 
 
 # ------------------------------------------------------------------ real datasets
