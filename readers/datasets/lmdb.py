@@ -8,11 +8,23 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from readers import handles
 from readers.datasets.base import ShardedDataset
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import META_NAME
-from readers.formats.lmdb import DATA_FILE, FORMAT, NUM_SAMPLES_KEY, image_key, label_key
+from readers.formats.lmdb import (
+    DATA_FILE,
+    FORMAT,
+    NUM_SAMPLES_KEY,
+    image_key,
+    label_key,
+    overflow_value,
+)
 from readers.readahead import coalesce
+
+OFFSET_CHECKS = 8
+"""Samples per shard compared, through LMDB and at their index offsets, before a process
+reads that shard's values at their offsets."""
 
 
 class LmdbDataset(ShardedDataset):
@@ -38,6 +50,8 @@ class LmdbDataset(ShardedDataset):
 
     shard_format = FORMAT
     format = FORMAT.name
+    _direct_maps: dict[int, tuple[Any, int] | None]  # set on first read, per process
+    _direct_generation = -1
 
     def _open_bare(self) -> None:
         if FORMAT.find_bare(self.root) is None:
@@ -88,15 +102,14 @@ class LmdbDataset(ShardedDataset):
         local = i - int(self.shard_bounds[shard]) + 1
         key = image_key(local)
         try:
+            view = self._direct_view(i, shard)
+            if view is not None and self.index is not None:
+                return self._image(i, view, shard, key, as_bytes), self.index.labels[i]
             with self._env(shard).begin(buffers=True) as txn:
                 buf = txn.get(key)
                 if buf is None:
                     raise RecordError(f"{self._where(i, shard, key)}: the key is missing")
-                self._check_crc(i, buf, lambda: self._where(i, shard, key))
-                if as_bytes or self.decode == "bytes":
-                    image: Any = bytes(buf)
-                else:
-                    image = self.decode_stored(buf, i)
+                image = self._image(i, buf, shard, key, as_bytes)
                 if self.index is not None:
                     label: Any = self.index.labels[i]
                 else:
@@ -109,3 +122,69 @@ class LmdbDataset(ShardedDataset):
         except (lmdb.Error, OSError) as exc:
             raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         return image, label
+
+    def _image(self, i: int, buf: Any, shard: int, key: bytes, as_bytes: bool) -> Any:
+        self._check_crc(i, buf, lambda: self._where(i, shard, key))
+        if as_bytes or self.decode == "bytes":
+            return bytes(buf)
+        return self.decode_stored(buf, i)
+
+    # --- values read at their index offsets --------------------------------------------------
+    #
+    # A lookup through LMDB walks the B-tree: its branch and leaf pages are scattered through
+    # data.mdb, no hint covers them (the index knows where values are, not where keys are),
+    # and on a cold disk each one is a small read, queued behind whatever the hints asked for
+    # (bench: both DataLoader workers stalled 60-90 ms at every shuffle block of the chunked
+    # sampler). The index has every value's offset, so a packed shard's values are read
+    # straight from a mapping of data.mdb, once this process has checked that the offsets
+    # fit the file; any value whose page header does not agree is looked up through LMDB.
+
+    def _direct_view(self, i: int, shard: int) -> memoryview | None:
+        if self._direct_generation != handles.generation:
+            self._direct_maps = {}
+            self._direct_generation = handles.generation
+        if shard not in self._direct_maps:
+            self._direct_maps[shard] = self._check_offsets(shard)
+        found = self._direct_maps[shard]
+        return None if found is None else self._at_offset(found[0], i, found[1])
+
+    def _at_offset(self, mapped: Any, i: int, page_size: int) -> memoryview | None:
+        index = self.index
+        assert index is not None
+        assert index.offset is not None
+        offset, nbytes = int(index.offset[i]), int(index.nbytes[i])
+        return overflow_value(mapped, offset, nbytes, page_size)
+
+    def _check_offsets(self, shard: int) -> tuple[Any, int] | None:
+        """``(data.mdb mapped, page size)`` when the index's offsets of `shard` fit its file:
+        `OFFSET_CHECKS` samples spread over the shard read the same through LMDB as at their
+        offsets (a file rewritten or compacted since the build fails); else None. Values too
+        small for overflow pages are always looked up through LMDB."""
+        if self.index is None or self.index.offset is None:
+            return None
+        lo, hi = int(self.shard_bounds[shard]), int(self.shard_bounds[shard + 1])
+        picks = np.unique(np.linspace(lo, hi - 1, num=min(OFFSET_CHECKS, hi - lo)).astype(int))
+        try:
+            env = self._env(shard)
+            page_size = int(env.stat()["psize"])
+            mapped = handles.shared_mmap(os.path.join(self._shard_paths[shard], DATA_FILE))
+            with env.begin(buffers=True) as txn:
+                for i in picks.tolist():
+                    stored = txn.get(image_key(i - lo + 1))
+                    found = self._at_offset(mapped, i, page_size)
+                    if stored is None:
+                        return None
+                    if found is None:  # a small value lives in its leaf page: fine if small
+                        if len(stored) > page_size:
+                            return None
+                    elif bytes(found) != bytes(stored):
+                        return None
+        except (lmdb.Error, OSError, ValueError, DatasetFormatError):
+            return None
+        return mapped, page_size
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_direct_maps"] = {}
+        state["_direct_generation"] = -1
+        return state

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,27 @@ def open_lmdb_readonly(path: str) -> Any:
             f"byte {needed}: the file is cut short (an interrupted copy or a full disk?)"
         )
     return env
+
+
+PAGE_HEADER = struct.Struct("<QHHI")
+"""LMDB 0.9's page header (``MDB_page``, 16 bytes): page number, pad, flags, and for an
+overflow page the number of pages its value spans."""
+P_OVERFLOW = 0x04
+
+
+def overflow_value(mapped: Any, offset: int, nbytes: int, page_size: int) -> memoryview | None:
+    """The `nbytes` at `offset` of a mapped ``data.mdb``, if an overflow value of that size
+    starts there (its page header says so: a page of that number, flagged overflow, spanning
+    the value); else None. Large values (above about half a page: every image but the
+    tiniest) live on overflow pages of their own, right after the page header."""
+    if offset % page_size != PAGE_HEADER.size or offset + nbytes > len(mapped):
+        return None
+    number, _, flags, pages = PAGE_HEADER.unpack_from(mapped, offset - PAGE_HEADER.size)
+    if number != offset // page_size or not flags & P_OVERFLOW:
+        return None
+    if pages * page_size < nbytes + PAGE_HEADER.size:
+        return None
+    return memoryview(mapped)[offset : offset + nbytes]
 
 
 def shared_lmdb(path: str) -> Any:

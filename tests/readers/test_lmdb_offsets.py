@@ -1,0 +1,107 @@
+"""LmdbDataset reads a packed shard's values at their index offsets (no B-tree walk), and
+falls back to LMDB lookups wherever the offsets do not fit the file."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from readers import LmdbDataset
+from readers.formats.lmdb import overflow_value
+from tests.conftest import build_packed, encode, make_image
+
+
+@pytest.fixture
+def big_and_small(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
+    """30 PNGs: noise images of 40x40 (about 5 KB: overflow pages) with every fifth one 4x4
+    (a few hundred bytes: stored inside its leaf page). Returns OUT and the images by id."""
+    rng = np.random.default_rng(3)
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    images = []
+    for i in range(30):
+        side = 4 if i % 5 == 2 else 40
+        image = make_image(rng, side, side)
+        (src / f"img_{i:03d}.png").write_bytes(encode(image, ".png"))
+        images.append(cv2.cvtColor(image, cv2.COLOR_BGR2RGB))
+    return build_packed(tmp_path / "src", tmp_path / "out.lmdb", "lmdb"), images
+
+
+class NoLookups:
+    """An LMDB environment stand-in that fails every lookup."""
+
+    def begin(self, **_: Any) -> Any:
+        raise AssertionError("looked up through LMDB")
+
+
+def test_values_are_read_at_their_offsets_without_lmdb_lookups(
+    big_and_small: tuple[Path, list[np.ndarray]],
+) -> None:
+    out, images = big_and_small
+    ds = LmdbDataset(out)
+    np.testing.assert_array_equal(ds[0][0], images[0])  # the offsets are checked here
+    assert ds._direct_maps[0] is not None
+    ds._handles[0] = NoLookups()  # from now on, a lookup through LMDB fails the read
+    for i, expected in enumerate(images):
+        if i % 5 == 2:
+            continue  # small values live in leaf pages: looked up (tested below)
+        np.testing.assert_array_equal(ds[i][0], expected)
+        assert ds.read_bytes(i) == (out.parent / "src" / "a" / f"img_{i:03d}.png").read_bytes()
+    assert pickle.loads(pickle.dumps(ds))[1][1] == ds[1][1]
+
+
+def test_small_values_and_all_reads_match_the_images(
+    big_and_small: tuple[Path, list[np.ndarray]],
+) -> None:
+    out, images = big_and_small
+    ds = LmdbDataset(out, verify_crc=True)
+    for i, expected in enumerate(images):
+        np.testing.assert_array_equal(ds[i][0], expected)
+
+
+def test_offsets_that_do_not_fit_the_file_are_not_used(
+    big_and_small: tuple[Path, list[np.ndarray]],
+) -> None:
+    # As if data.mdb had been compacted or rewritten since the build: every offset is off
+    # by one page. Reads go through LMDB and stay right.
+    out, images = big_and_small
+    ds = LmdbDataset(out)
+    assert ds.index is not None
+    assert ds.index.offset is not None
+    ds.index.offset = ds.index.offset + 4096
+    for i, expected in enumerate(images):
+        np.testing.assert_array_equal(ds[i][0], expected)
+    assert ds._direct_maps[0] is None
+
+
+def test_one_offset_that_is_no_value_start_is_looked_up(
+    big_and_small: tuple[Path, list[np.ndarray]],
+) -> None:
+    out, images = big_and_small
+    ds = LmdbDataset(out)
+    assert ds.index is not None
+    assert ds.index.offset is not None
+    offsets = ds.index.offset.copy()
+    offsets[1] += 8  # sample 1 is not among the checked ones (0, 4, 8, ... 29)
+    ds.index.offset = offsets
+    for i, expected in enumerate(images):
+        np.testing.assert_array_equal(ds[i][0], expected)
+    assert ds._direct_maps[0] is not None
+
+
+def test_overflow_value_reads_only_overflow_page_starts() -> None:
+    page = bytearray(3 * 4096)
+    page[4096 : 4096 + 16] = struct.pack("<QHHI", 1, 0, 0x04, 2)  # page 1: overflow, 2 pages
+    page[4096 + 16 : 4096 + 20] = b"data"
+    assert overflow_value(page, 4096 + 16, 4, 4096) == b"data"
+    assert overflow_value(page, 4096 + 16, 2 * 4096, 4096) is None  # longer than its pages
+    assert overflow_value(page, 4096 + 24, 4, 4096) is None  # not right after a header
+    assert overflow_value(page, 2 * 4096 + 16, 4, 4096) is None  # page 2 has no header
+    page[4096 + 10] = 0x02  # a leaf page, not an overflow page
+    assert overflow_value(page, 4096 + 16, 4, 4096) is None
