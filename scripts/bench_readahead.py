@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
+import pagecache
 
 MODES = ("none", "fadvise-range", "fadvise", "madvise", "pread", "detector", "sampler")
 CHUNK = 64
@@ -105,9 +106,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     hint(0, 1)
     throttle = benchlib.Throttle.of(spec.get("cgroup"))
     throttle.join()  # only the pass is throttled: imports and setup ran at full speed
-    cold = benchlib.drop_caches()
+    cold = pagecache.drop_caches()
     if not cold:
-        benchlib.evict(benchlib.files_under(Path(spec["path"])))
+        pagecache.evict(benchlib.files_under(Path(spec["path"])))
     disk0, cg0 = benchlib.disk_reads(spec["disk"]), throttle.reads()
     start = time.perf_counter()
     if mode == "detector":

@@ -1,6 +1,6 @@
 """Shared pieces of the read benchmarks (bench_read.py, bench_readahead.py): the test images,
-packing them in every registered format, the emulated hard disk (a blkio cgroup v1 throttle),
-dropping the page cache, and the disk's request counters."""
+packing them in every registered format, the emulated hard disk (a blkio cgroup v1 throttle)
+and the disk's request counters; the page cache is `pagecache`'s."""
 
 from __future__ import annotations
 
@@ -81,29 +81,6 @@ def build_all(src: Path, tmp: Path) -> dict[str, Path]:
 
 def files_under(root: Path) -> list[str]:
     return sorted(str(p) for p in root.rglob("*") if p.is_file())
-
-
-# --------------------------------------------------------------------------- the page cache
-
-
-def evict(paths: list[str]) -> None:
-    """Drop the files' pages from the page cache (pages mapped by a live process stay)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def drop_caches() -> bool:
-    """``echo 3 > /proc/sys/vm/drop_caches`` (root); False when not allowed."""
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------- disks
