@@ -382,6 +382,9 @@ def main() -> None:
     )
     parts = [header] + [storage_table(s, res[s], notes[s]) for s in res]
     text = "\n\n".join([*parts, "#### Targets (issue 10)", targets(res, spec)])
+    reclaim = pagecache.proactive_reclaim()
+    if reclaim:
+        text += f"\n\n{reclaim}: it evicts read-ahead pages before they are read, at times."
     if throttle is not None and throttle.group is None:
         text += f"\n\nEmulated hard disk skipped: {throttle.why}."
     print(text)

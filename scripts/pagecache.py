@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -107,6 +108,26 @@ def mapped_files(exclude: Sequence[str] = ()) -> list[str]:
             if path.startswith("/") and not path.startswith("/dev/") and path not in skip:
                 found[path] = None
     return [p for p in found if os.path.isfile(p)]
+
+
+def proactive_reclaim() -> str | None:
+    """A line naming the kernel's DAMON page-out schemes that are on, or None: they evict
+    page-cache pages judged cold, read-ahead included, before they are read."""
+    root = "/sys/kernel/mm/damon/admin/kdamonds"
+    found = []
+    try:
+        for kd in sorted(os.listdir(root)):
+            path = os.path.join(root, kd)
+            if not kd.isdigit() or Path(path, "state").read_text().strip() != "on":
+                continue
+            schemes = os.path.join(path, "contexts", "0", "schemes")
+            for sc in sorted(os.listdir(schemes)):
+                action = os.path.join(schemes, sc, "action")
+                if sc.isdigit() and Path(action).read_text().strip() == "pageout":
+                    found.append(f"kdamond {kd} scheme {sc}")
+    except OSError:
+        return None
+    return f"DAMON page-out is on ({', '.join(found)})" if found else None
 
 
 def _pin_and_wait(paths: Sequence[str]) -> None:
