@@ -369,7 +369,7 @@ def main() -> None:
                 res[storage] = summary(benchlib.run_child(Path(__file__), sub, tmp))
                 notes[storage] = (
                     f"Requests: {'this run' if th else 'the whole disk'}'s reads "
-                    f"/ I/Os ({th.why if th else 'page cache dropped per run'})."
+                    f"/ I/Os ({th.why if th else 'data evicted before each row'})."
                 )
         finally:
             if throttle is not None:
