@@ -65,6 +65,19 @@ def test_small_values_and_all_reads_match_the_images(
         np.testing.assert_array_equal(ds[i][0], expected)
 
 
+def test_every_shard_is_checked_and_read_at_its_offsets(
+    big_and_small: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    _, images = big_and_small
+    out = build_packed(tmp_path / "src", tmp_path / "sharded.lmdb", "lmdb", shard_size=40_000)
+    ds = LmdbDataset(out)
+    assert len(ds.shard_bounds) > 3  # several shards
+    for i, expected in enumerate(images):
+        np.testing.assert_array_equal(ds[i][0], expected)
+    assert sorted(ds._direct_maps) == list(range(len(ds.shard_bounds) - 1))
+    assert all(found is not None for found in ds._direct_maps.values())
+
+
 def test_offsets_that_do_not_fit_the_file_are_not_used(
     big_and_small: tuple[Path, list[np.ndarray]],
 ) -> None:
