@@ -353,9 +353,9 @@ def one_at_a_time(fd: int) -> Iterator[None]:
 
 def willneed(path: str, begin: int, end: int, *, advise: Callable[..., Any] | None = None) -> int:
     """Ask the OS to read bytes ``[begin, end)`` of `path` into the page cache, in pieces of
-    `hint_piece` bytes, under the file's hint lock (`one_at_a_time`); returns the number of
-    calls. Does nothing where posix_fadvise is missing. `advise` replaces
-    ``os.posix_fadvise`` (tests count the calls).
+    at most `hint_piece` bytes (aligned to it when there are several), under the file's hint
+    lock (`one_at_a_time`); returns the number of calls. Does nothing where posix_fadvise is
+    missing. `advise` replaces ``os.posix_fadvise`` (tests count the calls).
 
     Raises:
         OSError: the file cannot be opened (callers treat hints as optional).
@@ -369,7 +369,9 @@ def willneed(path: str, begin: int, end: int, *, advise: Callable[..., Any] | No
     at, end = int(begin), int(end)
     with one_at_a_time(fd):
         while at < end:
-            stop = min(end, (at // piece + 1) * piece)  # pieces aligned to the piece size
+            # A range of one piece or less goes out whole; a longer one in pieces aligned to
+            # the piece size (a piece starting mid-way was read as a 4 KiB bio plus the rest).
+            stop = end if end - at <= piece else min(end, (at // piece + 1) * piece)
             call(fd, at, stop - at, os.POSIX_FADV_WILLNEED)
             calls += 1
             at = stop

@@ -200,13 +200,18 @@ def test_willneed_splits_a_range_into_pieces_the_kernel_reads_whole(tmp_path: Pa
         os.posix_fadvise(fd, offset, length, advice)
         calls.append((offset, length))
 
-    n = willneed(str(path), 1000, (10 << 20) - 5, advise=advise)
-    assert n == len(calls) == -(-((10 << 20) - 1005) // piece)
-    assert calls[0][0] == 1000
+    begin, end = piece + 1000, (10 << 20) - 5
+    n = willneed(str(path), begin, end, advise=advise)
+    assert n == len(calls) == len(range(begin // piece, (end - 1) // piece + 1))
+    assert calls[0] == (begin, piece - 1000)  # up to the next multiple of the piece size
+    assert all(offset % piece == 0 for offset, _ in calls[1:])  # then aligned pieces
     assert all(length <= piece for _, length in calls)
-    assert sum(length for _, length in calls) == (10 << 20) - 1005
+    assert sum(length for _, length in calls) == end - begin
     ends = [o + length for o, length in calls]
     assert [o for o, _ in calls[1:]] == ends[:-1]
+    calls.clear()  # a range of one piece or less goes out whole, even across a boundary
+    assert willneed(str(path), piece - 100, 2 * piece - 200, advise=advise) == 1
+    assert calls == [(piece - 100, piece - 100)]
     assert willneed(str(path), 50, 50, advise=advise) == 0
 
 
