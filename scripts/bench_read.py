@@ -99,7 +99,8 @@ class Child:
         self.np, self.paddle, self.spec = np, paddle, spec
         self.rng = np.random.default_rng(0)
         self.loose = paddle.vision.datasets.DatasetFolder(spec["src"], loader=_rgb)
-        self.loose_files = [p for p, _ in self.loose.samples]
+        loose_files = [p for p, _ in self.loose.samples]
+        self.data_files = loose_files + spec["packed_files"]  # made cold before each row
         self.throttle = benchlib.Throttle.of(spec["cgroup"])
 
     def dataset(self, fmt: str, **options: Any) -> Any:
@@ -152,9 +153,7 @@ class Child:
         handles.close_all()
         slow = self.spec["storage"] == SLOW
         subset = self.spec["subset"] if slow and order == "shuffle=True" else None
-        result: dict[str, Any] = {
-            "cached": pagecache.make_cold(self.loose_files + self.spec["packed_files"])
-        }
+        result: dict[str, Any] = {"cached": pagecache.make_cold(self.data_files)}
         if name == LOOSE:
             ds = self.loose
         elif order == "staged":
@@ -185,8 +184,7 @@ class Child:
         results: dict[tuple[str, str], list[dict[str, Any]]] = {r: [] for r in rows}
         bound: list[float] = []
         self.load_blobs()
-        data = self.loose_files + self.spec["packed_files"]
-        pinned = pagecache.Pinned(pagecache.mapped_files(exclude=data))  # only the data is cold
+        pinned = pagecache.Pinned(pagecache.mapped_files(exclude=self.data_files))
         benchlib.eprint(f"  libraries held in memory: {pinned.locked / 2**20:,.0f} MiB")
         self.throttle.join()
         for run in range(self.spec["runs"]):

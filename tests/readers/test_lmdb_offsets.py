@@ -40,6 +40,22 @@ class NoLookups:
         raise AssertionError("looked up through LMDB")
 
 
+def assert_reads_right(ds: LmdbDataset, images: list[np.ndarray]) -> None:
+    for i, expected in enumerate(images):
+        np.testing.assert_array_equal(ds[i][0], expected)
+
+
+def with_offsets_moved(out: Path, ids: Any, by: int) -> LmdbDataset:
+    """The dataset at `out` with the index offsets of `ids` moved by `by` bytes."""
+    ds = LmdbDataset(out)
+    assert ds.index is not None
+    assert ds.index.offset is not None
+    offsets = ds.index.offset.copy()
+    offsets[ids] += by
+    ds.index.offset = offsets
+    return ds
+
+
 def test_values_are_read_at_their_offsets_without_lmdb_lookups(
     big_and_small: tuple[Path, list[np.ndarray]],
 ) -> None:
@@ -60,9 +76,7 @@ def test_small_values_and_all_reads_match_the_images(
     big_and_small: tuple[Path, list[np.ndarray]],
 ) -> None:
     out, images = big_and_small
-    ds = LmdbDataset(out, verify_crc=True)
-    for i, expected in enumerate(images):
-        np.testing.assert_array_equal(ds[i][0], expected)
+    assert_reads_right(LmdbDataset(out, verify_crc=True), images)
 
 
 def test_every_shard_is_checked_and_read_at_its_offsets(
@@ -72,8 +86,7 @@ def test_every_shard_is_checked_and_read_at_its_offsets(
     out = build_packed(tmp_path / "src", tmp_path / "sharded.lmdb", "lmdb", shard_size=40_000)
     ds = LmdbDataset(out)
     assert len(ds.shard_bounds) > 3  # several shards
-    for i, expected in enumerate(images):
-        np.testing.assert_array_equal(ds[i][0], expected)
+    assert_reads_right(ds, images)
     assert sorted(ds._direct_maps) == list(range(len(ds.shard_bounds) - 1))
     assert all(found is not None for found in ds._direct_maps.values())
 
@@ -84,12 +97,8 @@ def test_offsets_that_do_not_fit_the_file_are_not_used(
     # As if data.mdb had been compacted or rewritten since the build: every offset is off
     # by one page. Reads go through LMDB and stay right.
     out, images = big_and_small
-    ds = LmdbDataset(out)
-    assert ds.index is not None
-    assert ds.index.offset is not None
-    ds.index.offset = ds.index.offset + 4096
-    for i, expected in enumerate(images):
-        np.testing.assert_array_equal(ds[i][0], expected)
+    ds = with_offsets_moved(out, slice(None), 4096)
+    assert_reads_right(ds, images)
     assert ds._direct_maps[0] is None
 
 
@@ -97,14 +106,8 @@ def test_one_offset_that_is_no_value_start_is_looked_up(
     big_and_small: tuple[Path, list[np.ndarray]],
 ) -> None:
     out, images = big_and_small
-    ds = LmdbDataset(out)
-    assert ds.index is not None
-    assert ds.index.offset is not None
-    offsets = ds.index.offset.copy()
-    offsets[1] += 8  # sample 1 is not among the checked ones (0, 4, 8, ... 29)
-    ds.index.offset = offsets
-    for i, expected in enumerate(images):
-        np.testing.assert_array_equal(ds[i][0], expected)
+    ds = with_offsets_moved(out, [1], 8)  # sample 1 is not among the checked (0, 4, ... 29)
+    assert_reads_right(ds, images)
     assert ds._direct_maps[0] is not None
 
 
