@@ -39,14 +39,21 @@ from packer.plan import (
     save_plan,
     source_sizes,
 )
-from packer.problems import WARNINGS_NAME, Problem
+from packer.problems import Problem
 from packer.records import Entry
 from packer.scan import name_collisions
 from packer.task import writer_class
 from packer.writers.base import fsync_path
 from packer.writers.merge import merge_parts
 from packer.writers.part import read_done
-from readers.formats.layout import ERRORS_NAME, FORMAT_VERSION, META_NAME
+from readers.formats.layout import (
+    ERRORS_NAME,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    META_NAME,
+    WARNINGS_NAME,
+    parse_shard_name,
+)
 from readers.index import fingerprint
 
 
@@ -198,13 +205,11 @@ def _prepare_build_dir(
             cfg.resume and load_plan_digest(tmp) == digest and not (tmp / MERGING_NAME).exists()
         )
         if reusable:
-            finished = {
-                int(p.name[len("shard-") : len("shard-") + 5])
-                for p in tmp.glob("shard-*.done.json")
-                if read_done(tmp, int(p.name[len("shard-") : len("shard-") + 5])) is not None
-            }
+            numbers = {parse_shard_name(p.name) for p in tmp.iterdir()} - {None}
+            finished = {n for n in numbers if n is not None and read_done(tmp, n) is not None}
             for path in tmp.iterdir():  # the files of unfinished shards are rewritten
-                if path.name.startswith("shard-") and int(path.name[6:11]) not in finished:
+                number = parse_shard_name(path.name)
+                if number is not None and number not in finished:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
             say(f"resuming {tmp}: {len(finished)} finished shard(s) kept")
             return finished
@@ -360,7 +365,7 @@ def _build(
             "num_errors": len(found),
             "num_warnings": len(notes),
             "index_sha256": merged.index_sha256,
-            "index_fingerprint": fingerprint(tmp / "index.jsonl"),
+            "index_fingerprint": fingerprint(tmp / INDEX_NAME),
             "writer": shard_cls.describe(),
             "plan_digest": digest,  # what --resume of a finished OUT compares
         }

@@ -34,8 +34,7 @@ NAME_COLLISION = "name_collision"  # same path as another one when case/Unicode 
 
 NOTE_REASONS = frozenset({EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION})
 
-# The file of a packed dataset that lists the notes, one JSON object per line.
-WARNINGS_NAME = "warnings.jsonl"
+# The file of a packed dataset that lists the notes: readers.formats.layout.WARNINGS_NAME.
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,15 @@ NAMES = tuple(REGISTRY)
 REGISTRIES = {"readers/formats/__init__.py", "packer/formats.py", "readers/__init__.py"}
 
 
+def _own_folder(fmt: str) -> str:
+    """The folder that holds everything that knows the bytes of `fmt`."""
+    return f"readers/formats/{fmt}/"
+
+
 def _own_modules(fmt: str) -> set[str]:
+    """The modules outside its folder that may name `fmt`: its writer, its verify checks and
+    its paddle dataset."""
     return {
-        f"readers/formats/{fmt}.py",
         f"readers/datasets/{fmt}.py",
         f"packer/writers/{fmt}.py",
         f"packer/verify/{fmt}.py",
@@ -29,9 +35,7 @@ def _own_modules(fmt: str) -> set[str]:
 def _allowed(rel: str) -> bool:
     if rel in REGISTRIES:
         return True
-    return any(
-        rel in _own_modules(fmt) or rel.startswith(f"readers/formats/{fmt}/") for fmt in NAMES
-    )
+    return any(rel in _own_modules(fmt) or rel.startswith(_own_folder(fmt)) for fmt in NAMES)
 
 
 def _modules() -> list[Path]:
@@ -61,7 +65,11 @@ def test_registries_agree_and_every_format_has_each_part() -> None:
     assert len(NAMES) >= 2
     for name, fmt in PACK_FORMATS.items():
         for rel in _own_modules(name):
-            assert (ROOT / rel).is_file() or (ROOT / rel.removesuffix(".py")).is_dir(), rel
+            assert (ROOT / rel).is_file(), rel
+        folder = ROOT / _own_folder(name)
+        assert (folder / "__init__.py").is_file(), f"{folder} is not a package"
+        assert (folder / "README.md").is_file(), f"{folder} has no README.md"
+        assert not (ROOT / f"readers/formats/{name}.py").exists(), "a format is one folder"
         assert fmt.writer.__module__ == f"packer.writers.{name}"
         assert fmt.checks().__name__ == f"packer.verify.{name}"
         assert REGISTRY[name].name == name
@@ -82,3 +90,15 @@ def test_the_check_can_see_a_format_name() -> None:
     )
     assert len(_mentions(bad)) == 3
     assert not _mentions(ast.parse("x = 'lmdb-like'\n'''An LMDB docstring.'''\n"))
+
+
+def test_the_check_knows_whose_modules_may_name_a_format() -> None:
+    assert _allowed("readers/formats/lmdb/pages.py")
+    assert _allowed("readers/formats/recordio/ids.py")
+    assert _allowed("packer/writers/recordio.py")
+    assert _allowed("packer/verify/lmdb.py")
+    assert not _allowed("readers/formats/lmdb.py")  # a format is its folder, not a module
+    assert not _allowed("readers/formats/layout.py")
+    assert not _allowed("readers/formats/lmdbx/keys.py")
+    assert not _allowed("packer/writers/merge.py")
+    assert not _allowed("packer/build.py")

@@ -19,12 +19,12 @@ from packer.verify.common import (
     check_stored,
     decoded_dims,
 )
-from packer.writers.recordio import header_label
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.formats.recordio import (
     FORMAT,
     IRHeader,
     RecordIOError,
+    header_label,
     open_rec_readonly,
     read_idx,
     read_record_at,

@@ -19,6 +19,7 @@ from readers.formats.lmdb import (
     encode_label,
     image_key,
     label_key,
+    value_offsets,
 )
 
 # py-lmdb 3 bundles LMDB 0.9 and 1.0, whose files are mutually unreadable; 0 pins 0.9's.
@@ -48,43 +49,6 @@ def open_lmdb_for_writing(path: str, map_size: int) -> Any:
         max_dbs=0,
         **kwargs,
     )
-
-
-def _map_base(data_file: str) -> int:
-    """The address at which this process maps `data_file` (from /proc/self/maps)."""
-    st = os.stat(data_file)
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) >= 5 and fields[4] == str(st.st_ino) and int(fields[2], 16) == 0:
-                major, minor = (int(x, 16) for x in fields[3].split(":"))
-                if os.makedev(major, minor) == st.st_dev:
-                    return int(fields[0].split("-")[0], 16)
-    raise OSError(f"{data_file} is not mapped by this process")
-
-
-def value_offsets(path: str, count: int) -> np.ndarray | None:
-    """The file offset of the image of each record 1..count of the shard at `path`.
-
-    LMDB does not say where a value lives, but a value read with ``buffers=True`` is a view
-    into the map, so its address minus the map's base is its offset in ``data.mdb``.  Read
-    right after the shard is written, from the page cache.  None where /proc is not there.
-    """
-    env = lmdb.open(path, readonly=True, lock=False, subdir=True, create=False)
-    try:
-        base = _map_base(os.path.join(path, DATA_FILE))
-        offsets = np.empty(count, dtype=np.int64)
-        with env.begin(buffers=True) as txn:
-            for local in range(1, count + 1):
-                value = txn.get(image_key(local))
-                if value is None:
-                    return None
-                offsets[local - 1] = np.frombuffer(value, np.uint8).ctypes.data - base
-        return offsets
-    except OSError:
-        return None
-    finally:
-        env.close()
 
 
 class LmdbShardWriter(ShardWriter):

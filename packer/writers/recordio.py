@@ -8,35 +8,29 @@ sample is the same whichever shard holds it.
 from __future__ import annotations
 
 import contextlib
-import numbers
 import os
-import struct
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from packer.errors import PackerError
 from packer.problems import Problem
 from packer.records import Record
 from packer.writers.base import ShardWriter
 from readers.formats.recordio import (
-    IR_HEADER,
-    MAGIC,
+    IDX_SUFFIX,
     MAX_PAYLOAD,
+    REC_SUFFIX,
     RecordFileWriter,
+    RecordIOFormatError,
     RecordTooLargeError,
     format_idx_line,
-    pack_image_record,
+    image_record_bound,
+    image_record_size,
+    pack_labelled_image,
+    rewrite_ids,
 )
 
 TOO_LARGE = "too_large"
 """errors.jsonl reason of an image too large for one RecordIO record."""
-
-REC_SUFFIX = ".rec"
-IDX_SUFFIX = ".idx"
-
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def recordio_layout() -> dict[str, str]:
@@ -48,39 +42,15 @@ def recordio_layout() -> dict[str, str]:
     }
 
 
-def _is_number(value: Any) -> bool:
-    return (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and abs(float(value)) <= _F32_MAX
-    )
-
-
-def header_label(label: Any) -> float | list[float] | None:
-    """The label as it goes into the ``IRHeader``: one number, several numbers, or None.
-
-    A number (a class id or a float) is the header's single float label (flag 0); a non-empty
-    list of numbers becomes ``flag = len`` float32 labels after the header; anything else
-    (text, an object, None, a bool, a number beyond float32) is stored as flag 0, label 0.0 and
-    lives in ``index.jsonl`` only. Class ids above 2**24 lose precision in float32, as they do
-    in MXNet; the index keeps the exact value.
-    """
-    if _is_number(label):
-        return float(label)
-    if isinstance(label, list) and label and all(_is_number(v) for v in label):
-        return [float(v) for v in label]
-    return None
-
-
 def payload_size(record: Record) -> int:
     """Bytes of the MXNet image-record payload that `record` becomes."""
-    label = header_label(record.label)
-    extra = 4 * len(label) if isinstance(label, list) else 0
-    return IR_HEADER.size + extra + len(record.data)
+    return image_record_size(len(record.data), record.label)
 
 
 def oversize_problem(record: Record) -> Problem | None:
     """A ``too_large`` problem when `record` cannot be one RecordIO record, else None."""
+    if image_record_bound(len(record.data), record.label) <= MAX_PAYLOAD:
+        return None  # the common case, found without converting the label
     size = payload_size(record)
     if size <= MAX_PAYLOAD:
         return None
@@ -137,10 +107,9 @@ class RecordIOShardWriter(ShardWriter):
         self._records = RecordFileWriter(self._rec)
 
     def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
-        size = payload_size(record)
-        if size > MAX_PAYLOAD:
-            raise RecordTooLargeForShardError(record.rel, self.rec_path, size)
-        payload = pack_image_record(record.data, label=header_label(record.label), id=sample_id)
+        payload = pack_labelled_image(record.data, record.label, id=sample_id)
+        if len(payload) > MAX_PAYLOAD:
+            raise RecordTooLargeForShardError(record.rel, self.rec_path, len(payload))
         try:
             offset = self._records.write(payload)
         except RecordTooLargeError as exc:  # pragma: no cover - the check above comes first
@@ -168,30 +137,15 @@ def renumber_shard(base: Path, old_first: int, new_first: int, offsets: list[int
     """Give the records of a finished shard the ids ``new_first, new_first + 1, ...``.
 
     Used when a shard was written before the final first id was known (the Ray engine):
-    each record's ``IRHeader.id`` is rewritten in place and the ``.idx`` written anew.  The
-    record framing does not change, since an id below 0xced7230a cannot contain the magic.
+    each record's ``IRHeader.id`` is rewritten in place and the ``.idx`` written anew
+    (``readers.formats.recordio.rewrite_ids``).
     """
     rec_path = base.with_name(base.name + REC_SUFFIX)
     idx_path = base.with_name(base.name + IDX_SUFFIX)
-    head = struct.Struct("<II")
-    with open(rec_path, "r+b") as f:
-        for j, offset in enumerate(offsets):
-            f.seek(offset)
-            magic, lrec = head.unpack(f.read(head.size))
-            if magic != MAGIC or lrec >> 29 != 0 or new_first + j >= MAGIC:
-                raise PackerError(
-                    f"{rec_path}: record at {offset} cannot be renumbered in place "
-                    "(a multi-part record); rebuild without --engine ray"
-                )
-            f.seek(offset + head.size + 8)  # IRHeader: flag (4), label (4), id (8), id2 (8)
-            f.write(struct.pack("<Q", new_first + j))
-        f.flush()
-        os.fsync(f.fileno())
-    with open(idx_path, "w", encoding="ascii", newline="\n") as f:
-        for j, offset in enumerate(offsets):
-            f.write(format_idx_line(new_first + j, offset))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        rewrite_ids(rec_path, idx_path, new_first, offsets)
+    except RecordIOFormatError as exc:
+        raise PackerError(f"{exc}; rebuild without --engine ray") from exc
     del old_first
     # the .idx keys may have gained or lost digits: the shard's size is measured anew
     return os.path.getsize(rec_path) + os.path.getsize(idx_path)
@@ -201,7 +155,6 @@ __all__ = [
     "TOO_LARGE",
     "RecordIOShardWriter",
     "RecordTooLargeForShardError",
-    "header_label",
     "oversize_problem",
     "payload_size",
     "recordio_layout",

@@ -31,12 +31,13 @@ from packer.encode import (
     probe_header,
     read_source,
 )
-from packer.problems import NOTE_REASONS, WARNINGS_NAME, Note, Problem
+from packer.problems import NOTE_REASONS, Note, Problem
 from packer.records import Record
 from packer.scan import name_collisions
 from packer.verify import verify
 from readers import open_dataset
 from readers.formats.images import sniff_format
+from readers.formats.layout import WARNINGS_NAME
 
 FORMATS = ("lmdb", "recordio")
 RNG = np.random.default_rng(7)

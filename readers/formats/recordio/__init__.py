@@ -1,8 +1,9 @@
 """The RecordIO shard format, byte-compatible with MXNet/dmlc: ``.rec`` records holding MXNet
 image records, ``.idx`` offsets, how a shard is opened and how a bare ``.rec`` is recognised.
 
-The byte layout lives in ``records`` (record framing), ``images`` (``IRHeader`` payloads and
-header peeking) and ``idx`` (``.idx`` files and finding a ``.rec``/``.idx`` pair). This
+The byte layout lives in ``records`` (record framing), ``images`` (``IRHeader`` payloads, the
+header label an index label becomes, and header peeking), ``idx`` (``.idx`` files and finding a
+``.rec``/``.idx`` pair) and ``ids`` (rewriting a finished shard's ids in place). This
 package imports no paddle and no packer.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from readers import handles
 from readers.formats.base import ShardFormat
+from readers.formats.recordio.ids import IR_ID_OFFSET, rewrite_ids
 from readers.formats.recordio.idx import (
     IDX_SUFFIX,
     REC_SUFFIX,
@@ -22,11 +24,17 @@ from readers.formats.recordio.idx import (
     read_idx,
 )
 from readers.formats.recordio.images import (
+    IR_FIELDS,
     IR_HEADER,
     IRHeader,
     cut_short,
     header_at,
+    header_label,
+    image_record_bound,
+    image_record_size,
+    ir_field,
     pack_image_record,
+    pack_labelled_image,
     unpack_image_record,
 )
 from readers.formats.recordio.records import (
@@ -35,6 +43,7 @@ from readers.formats.recordio.records import (
     MAGIC_BYTES,
     MAX_PART,
     MAX_PAYLOAD,
+    RECORD_HEAD,
     Buffer,
     RecordFileWriter,
     RecordIOError,
@@ -53,11 +62,14 @@ __all__ = [
     "FORMAT",
     "HEAD_SIZE",
     "IDX_SUFFIX",
+    "IR_FIELDS",
     "IR_HEADER",
+    "IR_ID_OFFSET",
     "MAGIC",
     "MAGIC_BYTES",
     "MAX_PART",
     "MAX_PAYLOAD",
+    "RECORD_HEAD",
     "REC_SUFFIX",
     "Buffer",
     "IRHeader",
@@ -74,11 +86,17 @@ __all__ = [
     "find_recordio_pair",
     "format_idx_line",
     "header_at",
+    "header_label",
+    "image_record_bound",
+    "image_record_size",
+    "ir_field",
     "iter_records",
     "open_rec_readonly",
     "pack_image_record",
+    "pack_labelled_image",
     "read_idx",
     "read_record_at",
+    "rewrite_ids",
     "scan_offsets",
     "shared_rec",
     "unpack_image_record",

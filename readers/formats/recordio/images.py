@@ -20,8 +20,21 @@ from readers.formats.recordio.records import (
     read_record_at,
 )
 
-IR_HEADER = struct.Struct("<IfQQ")
+IR_FIELDS = (("flag", "I"), ("label", "f"), ("id", "Q"), ("id2", "Q"))
+"""MXNet ``IRHeader``'s fields in order, with their struct codes (little-endian, packed)."""
+IR_HEADER = struct.Struct("<" + "".join(code for _, code in IR_FIELDS))
 """MXNet ``IRHeader``: flag (uint32), label (float32), id (uint64), id2 (uint64); 24 bytes."""
+
+
+def ir_field(name: str) -> tuple[int, struct.Struct]:
+    """Where field `name` of the ``IRHeader`` lies in it, and its struct (e.g. ``id``: 8,
+    ``<Q``)."""
+    codes = [code for field, code in IR_FIELDS]
+    at = [field for field, _ in IR_FIELDS].index(name)
+    return struct.calcsize("<" + "".join(codes[:at])), struct.Struct("<" + codes[at])
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 _MAX_U32 = (1 << 32) - 1
 _MAX_U64 = (1 << 64) - 1
 _REC_HEAD = struct.Struct("<II")
@@ -83,6 +96,51 @@ def pack_image_record(
     except OverflowError as exc:
         raise ValueError(f"label {scalar!r} does not fit in a float32") from exc
     return b"".join((header, extra, image))
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and abs(float(value)) <= _F32_MAX
+    )
+
+
+def header_label(label: Any) -> float | list[float] | None:
+    """The label as it goes into the ``IRHeader``: one number, several numbers, or None.
+
+    A number (a class id or a float) is the header's single float label (flag 0); a non-empty
+    list of numbers becomes ``flag = len`` float32 labels after the header; anything else
+    (text, an object, None, a bool, a number beyond float32) is stored as flag 0, label 0.0 and
+    lives in ``index.jsonl`` only. Class ids above 2**24 lose precision in float32, as they do
+    in MXNet; the index keeps the exact value.
+    """
+    if _is_number(label):
+        return float(label)
+    if isinstance(label, list) and label and all(_is_number(v) for v in label):
+        return [float(v) for v in label]
+    return None
+
+
+def image_record_size(image_bytes: int, label: Any) -> int:
+    """Bytes of the MXNet image-record payload of an image of `image_bytes` bytes whose index
+    label is `label` (see `header_label`)."""
+    stored = header_label(label)
+    extra = 4 * len(stored) if isinstance(stored, list) else 0
+    return IR_HEADER.size + extra + image_bytes
+
+
+def image_record_bound(image_bytes: int, label: Any) -> int:
+    """An upper bound of `image_record_size`, found without converting the label: a list
+    label may add 4 bytes per item."""
+    extra = 4 * len(label) if isinstance(label, list) else 0
+    return IR_HEADER.size + extra + image_bytes
+
+
+def pack_labelled_image(image: Buffer, label: Any, *, id: int) -> bytes:
+    """The MXNet image-record payload of `image` whose index label is `label`: the header
+    label is computed once, here (see `header_label`)."""
+    return pack_image_record(image, label=header_label(label), id=id)
 
 
 def unpack_image_record(

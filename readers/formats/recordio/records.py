@@ -31,6 +31,8 @@ MAGIC = 0xCED7230A
 """dmlc ``RecordIOWriter::kMagic``; its top 3 bits are 6, so no valid ``lrec`` equals it."""
 MAGIC_BYTES = struct.pack("<I", MAGIC)  # b"\x0a\x23\xd7\xce"
 _HEAD = struct.Struct("<II")  # magic, lrec
+RECORD_HEAD = _HEAD
+"""The head of every part: the magic and the ``lrec`` word, little-endian uint32 each."""
 HEAD_SIZE = _HEAD.size
 _LENGTH_BITS = 29
 MAX_PART = (1 << _LENGTH_BITS) - 1

@@ -1,0 +1,85 @@
+"""The LMDB shard format: PaddleOCR's key layout (``num-samples``, ``image-%09d``,
+``label-%09d`` from 1), how a shard is opened for reading, and how a bare LMDB is recognised.
+
+The byte layout lives in ``keys`` (keys, file names, stored labels), ``pages`` (LMDB 0.9's page
+header, where values lie and whether a value's extent fits the file) and ``tree`` (a
+bounds-checked walk over every page a lookup can touch, for ``packer verify``); ``env`` opens a
+shard. This package imports no paddle and no packer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from readers.formats.base import ShardFormat
+from readers.formats.layout import META_NAME
+from readers.formats.lmdb.env import open_lmdb_readonly, shared_lmdb
+from readers.formats.lmdb.keys import (
+    DATA_FILE,
+    LOCK_FILE,
+    NUM_SAMPLES_KEY,
+    encode_label,
+    image_key,
+    label_key,
+)
+from readers.formats.lmdb.pages import (
+    P_OVERFLOW,
+    PAGE_HEADER,
+    buffer_address,
+    map_base,
+    overflow_value,
+    value_offsets,
+    value_problem,
+)
+
+__all__ = [
+    "DATA_FILE",
+    "FORMAT",
+    "LOCK_FILE",
+    "NUM_SAMPLES_KEY",
+    "PAGE_HEADER",
+    "P_OVERFLOW",
+    "LmdbFormat",
+    "buffer_address",
+    "encode_label",
+    "image_key",
+    "label_key",
+    "map_base",
+    "open_lmdb_readonly",
+    "overflow_value",
+    "shared_lmdb",
+    "value_offsets",
+    "value_problem",
+]
+
+
+class LmdbFormat(ShardFormat):
+    """LMDB shards: one environment directory per shard."""
+
+    name = "lmdb"
+    title = "LMDB"
+    summary = "PaddleOCR key layout, one LMDB environment per shard"
+    bare_hint = f"an LMDB ({DATA_FILE})"
+    dataset = "readers.datasets.lmdb:LmdbDataset"
+
+    def shard_path(self, root: Path, shard: str) -> str:
+        return str(root / shard)
+
+    def shard_files(self, shard: str) -> tuple[str, ...]:
+        return (f"{shard}/{DATA_FILE}",)
+
+    def data_file(self, shard_path: str) -> str:
+        return os.path.join(shard_path, DATA_FILE)
+
+    def open_shard(self, path: str) -> Any:
+        return shared_lmdb(path)
+
+    def find_bare(self, path: Path) -> Path | None:
+        if path.is_dir() and not (path / META_NAME).exists() and (path / DATA_FILE).exists():
+            return path
+        return None
+
+
+FORMAT = LmdbFormat()
