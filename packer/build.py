@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,13 @@ from packer.errors import (
     OutputExistsError,
     PackerError,
 )
+from packer.formats import FORMATS
+from packer.job import BuildJob
 from packer.labels import plan_labels
 from packer.plan import (
     MERGING_NAME,
     PLAN_NAME,
     OutputDiffersError,
-    ShardPlan,
     complete_differences,
     load_plan_digest,
     plan_digest,
@@ -42,19 +42,18 @@ from packer.plan import (
 from packer.problems import Problem
 from packer.records import Entry
 from packer.scan import name_collisions
-from packer.task import writer_class
-from packer.writers.base import fsync_path
 from packer.writers.merge import merge_parts
 from packer.writers.part import read_done
+from readers.durable import fsync_path, write_durably
 from readers.formats.layout import (
     ERRORS_NAME,
-    FORMAT_VERSION,
     INDEX_NAME,
     META_NAME,
     WARNINGS_NAME,
     parse_shard_name,
 )
 from readers.index import fingerprint
+from readers.meta import make_meta
 
 
 @dataclass
@@ -95,28 +94,9 @@ def temp_dir_for(out: Path) -> Path:
     return out.parent / f".{out.name}.partial"
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_jsonl(path: Path, objs: list[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for obj in objs:
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_errors(path: Path, found: Iterable[Problem]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for p in found:
-            f.write(json.dumps(p.as_json(), ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def _jsonl(objs: Iterable[dict[str, Any]]) -> Iterator[str]:
+    """One line of JSON text per object, as errors.jsonl and warnings.jsonl hold them."""
+    return (json.dumps(obj, ensure_ascii=False) + "\n" for obj in objs)
 
 
 def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
@@ -144,26 +124,19 @@ def _output_options(cfg: BuildConfig) -> dict[str, Any]:
 
 
 def run_engine(
-    cfg: BuildConfig,
-    tmp: Path,
-    entries: list[Entry],
-    shards: list[ShardPlan],
-    finished: set[int],
-    *,
-    say: Callable[[str], None],
-    started: float,
-    pool: Any | None = None,
+    job: BuildJob, *, say: Callable[[str], None], started: float, pool: Any | None = None
 ) -> None:
-    """Have ``cfg.engine`` write the planned shards that are not `finished` (`packer.engines`);
-    `pool`: the local engine's process pool, when `_early_pool` started it."""
-    if cfg.engine == "ray":
+    """Have ``job.cfg.engine`` write the planned shards of `job` that are not finished
+    (`packer.engines`); `pool`: the local engine's process pool, when `_early_pool` started
+    it."""
+    if job.cfg.engine == "ray":
         from packer.engines.ray import run_ray  # ray is imported only here
 
-        run_ray(cfg, tmp, entries, shards, finished, say=say)
+        run_ray(job, say=say)
     else:
         from packer.engines.local import run_local
 
-        run_local(cfg, tmp, entries, shards, finished, started=started, pool=pool)
+        run_local(job, started=started, pool=pool)
 
 
 def _already_complete(
@@ -328,9 +301,10 @@ def _build(
     save_plan(tmp, digest, shards)
 
     summary = BuildSummary(out=out)
-    shard_cls = writer_class(cfg.format)
+    shard_cls = FORMATS[cfg.format].writer
+    job = BuildJob(cfg, tmp, plan.entries, shards, frozenset(finished))
     try:
-        run_engine(cfg, tmp, plan.entries, shards, finished, say=say, started=started, pool=pool)
+        run_engine(job, say=say, started=started, pool=pool)
         (tmp / MERGING_NAME).touch()
         merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
         found = label_problems + merged.problems
@@ -341,37 +315,34 @@ def _build(
                 + (f": {shown}" if shown else "")
                 + ")"
             )
-        _write_errors(tmp / ERRORS_NAME, found)
+        write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
         skipped = {p.path for p in found}
         collisions = name_collisions(e.file.rel for e in plan.entries if e.file.rel not in skipped)
         notes = merged.notes + [n.as_json() for n in collisions]
         notes.sort(key=lambda n: (n["path"], n["reason"]))
-        _write_jsonl(tmp / WARNINGS_NAME, notes)
-        meta = {
-            "format": cfg.format,
-            "version": FORMAT_VERSION,
-            "num_samples": merged.num_samples,
-            "num_shards": len(merged.shards),
-            "shards": merged.shards,
-            "classes": plan.classes,
-            "label_source": plan.source,
-            "class_map": plan.class_map,
-            "label_kind": merged.label_kind,
-            "source": str(cfg.src),
-            "options": cfg.options(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "tool_version": __version__,
-            "payload_bytes": merged.payload_bytes,
-            "num_errors": len(found),
-            "num_warnings": len(notes),
-            "index_sha256": merged.index_sha256,
-            "index_fingerprint": fingerprint(tmp / INDEX_NAME),
-            "writer": shard_cls.describe(),
-            "plan_digest": digest,  # what --resume of a finished OUT compares
-        }
+        write_durably(tmp / WARNINGS_NAME, _jsonl(notes))
+        meta = make_meta(
+            format=cfg.format,
+            num_samples=merged.num_samples,
+            shards=merged.shards,
+            classes=plan.classes,
+            label_source=plan.source,
+            class_map=plan.class_map,
+            label_kind=merged.label_kind,
+            source=str(cfg.src),
+            options=cfg.options(),
+            tool_version=__version__,
+            payload_bytes=merged.payload_bytes,
+            num_errors=len(found),
+            num_warnings=len(notes),
+            index_sha256=merged.index_sha256,
+            index_fingerprint=fingerprint(tmp / INDEX_NAME),
+            writer=shard_cls.describe(),
+            plan_digest=digest,  # what --resume of a finished OUT compares
+        )
         for name in (PLAN_NAME, MERGING_NAME):
             (tmp / name).unlink(missing_ok=True)
-        _write_json(tmp / META_NAME, meta)
+        write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
         _publish(tmp, out, overwrite=cfg.overwrite)
     except BaseException as exc:
         # an input error or a bug: nothing is kept. An interruption (Ctrl-C, a full disk,

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from packer.config import BuildConfig, parse_size, usable_cores
-from packer.encode import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from packer.errors import ConfigError, PackerError
 from packer.stage import stage_command
+from packer.transform import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from readers import _paddle
 from readers.errors import ReaderError
 from readers.formats import FORMATS, REGISTRY

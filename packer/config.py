@@ -3,51 +3,29 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packer.encode import Transform
-from packer.engines import ENGINES
 from packer.errors import ConfigError
+from packer.transform import Transform
+from readers import sizes
 from readers.formats import FORMATS  # the registered names, the default first
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1 << 20,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1 << 30,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1 << 40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
 ON_ERROR = ("skip", "fail")
+ENGINES = ("local", "ray")  # what writes the shards: `packer.engines`
 LABEL_KEYWORDS = ("auto", "dirname", "none", "sidecar")  # the --labels that are not files
 
 
 def parse_size(text: str) -> int:
-    """``1GiB`` -> 1073741824, ``500MB`` -> 500000000, ``4096`` -> 4096.
+    """``1GiB`` -> 1073741824, ``500MB`` -> 500000000, ``4096`` -> 4096 (`readers.sizes`).
 
     Raises:
         ConfigError: the text is not a size.
     """
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise ConfigError(
-            f"{text!r} is not a size; expected a number with an optional unit such as "
-            "1GiB, 512MiB, 500MB or 4096"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    try:
+        return sizes.parse_size(text)
+    except sizes.SizeError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def usable_cores() -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from packer.errors import PackerError
 from packer.records import Entry
+from readers.durable import write_durably
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME
 
 PLAN_NAME = "plan.json"
@@ -76,11 +77,9 @@ def plan_digest(entries: list[Entry], sizes: list[int], options: dict[str, Any])
 
 
 def save_plan(root: Path, digest: str, shards: list[ShardPlan]) -> None:
-    path = root / PLAN_NAME
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"digest": digest, "shards": [[s.start, s.stop] for s in shards]}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Record the plan in the build directory `root` (what ``--resume`` compares)."""
+    plan = {"digest": digest, "shards": [[s.start, s.stop] for s in shards]}
+    write_durably(root / PLAN_NAME, json.dumps(plan))
 
 
 def load_plan_digest(root: Path) -> str | None:

@@ -27,9 +27,12 @@ MISSING = "missing"  # a list entry whose file does not exist
 DUPLICATE = "duplicate"  # a list entry seen before
 BAD_LINE = "bad_line"  # a list-file line that does not parse
 
+# The message of a no_label problem whose label source gave no reason of its own.
+NO_LABEL_MESSAGE = "an image outside every class folder (labels from dirname)"
+
 # Stable reason codes of packed inputs with a caveat (warnings.jsonl).
 EXTENSION_MISMATCH = "extension_mismatch"  # content is another image format than the name says
-EXIF_ORIENTATION = "exif_orientation"  # an EXIF orientation other than 1 (see encode.py)
+EXIF_ORIENTATION = "exif_orientation"  # an EXIF orientation other than 1 (see packer/prepare.py)
 NAME_COLLISION = "name_collision"  # same path as another one when case/Unicode form is ignored
 
 NOTE_REASONS = frozenset({EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION})

@@ -12,40 +12,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from packer.config import BuildConfig
-from packer.encode import prepare
 from packer.errors import InputError, PackerError
 from packer.formats import FORMATS
-from packer.labels import NO_LABEL_MESSAGE
+from packer.job import ShardSettings
 from packer.plan import ShardPlan
-from packer.problems import NO_LABEL, Problem
+from packer.prepare import Prepared, prepare_entries
+from packer.problems import NO_LABEL, NO_LABEL_MESSAGE, Problem
 from packer.records import Entry, Record
 from packer.writers.base import ShardWriter
-from packer.writers.part import IndexRow, ShardPart, part_paths
+from packer.writers.part import ShardPart, part_paths
 from readers.formats.layout import shard_name
-
-
-def writer_class(fmt: str) -> type[ShardWriter]:
-    """The shard writer of format `fmt` (a name `BuildConfig` has validated)."""
-    return FORMATS[fmt].writer
-
-
-Prepared = tuple[Record | Problem, IndexRow | None]
-"""An entry read, checked and transformed, with its index row when that was made already
-(in the process pool of the local engine, beside the reading)."""
-
-
-def prepared(entries: list[Entry], cfg: BuildConfig) -> Iterator[Prepared]:
-    """Each entry read, checked and transformed in this process, in entry order."""
-    for e in entries:
-        item = prepare(
-            e.file.rel,
-            e.file.path,
-            e.label,
-            decode_check=cfg.decode_check,
-            transform=cfg.transform,
-        )
-        yield item, None
 
 
 def check_input(
@@ -64,7 +40,7 @@ def write_shard(
     shard: ShardPlan,
     entries: list[Entry],
     items: Iterator[Prepared],
-    cfg: BuildConfig,
+    settings: ShardSettings,
     *,
     first_id: int,
     advance: Callable[[int], None] | None = None,
@@ -80,9 +56,9 @@ def write_shard(
         The shard's completion marker (see `ShardPart.finish`).
 
     Raises:
-        InputError: an input is bad and ``cfg.on_error`` is ``fail``.
+        InputError: an input is bad and ``settings.on_error`` is ``fail``.
     """
-    shard_cls = writer_class(cfg.format)
+    shard_cls = FORMATS[settings.format].writer
     part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)  # unfinished from here on
     for path in shard_cls.paths(tmp / shard_name(shard.number)):
         if path.is_dir():
@@ -96,7 +72,7 @@ def write_shard(
             got, row = next(items)
             item = check_input(entry, got, shard_cls)
             if isinstance(item, Problem):
-                if cfg.on_error == "fail":
+                if settings.on_error == "fail":
                     raise InputError(item.path, item.reason, item.message)
                 problems.append(item)
                 stored = 0
@@ -115,12 +91,13 @@ def write_shard(
 
 
 def run_shard(
-    cfg: BuildConfig, tmp: Path, shard: ShardPlan, entries: list[Entry]
+    settings: ShardSettings, tmp: Path, shard: ShardPlan, entries: list[Entry]
 ) -> dict[str, Any]:
     """The whole task for one shard in one process: read, check and write its `entries`
     (``entries[shard.start:shard.stop]`` of the label plan), with the provisional first id
     ``shard.start``.  Returns the shard's completion marker."""
-    return write_shard(tmp, shard, entries, prepared(entries, cfg), cfg, first_id=shard.start)
+    items = prepare_entries(entries, settings)
+    return write_shard(tmp, shard, entries, items, settings, first_id=shard.start)
 
 
 # Our errors take other arguments than they store in .args, so pickle cannot rebuild them:
@@ -128,13 +105,13 @@ def run_shard(
 PortableError = tuple[type[PackerError], tuple[Any, ...], dict[str, Any]]
 
 
-def portable(exc: PackerError) -> PortableError:
+def make_portable(exc: PackerError) -> PortableError:
     """`exc` in a form that pickles (see `rebuild`)."""
     return type(exc), exc.args, dict(vars(exc))
 
 
 def rebuild(error: PortableError) -> PackerError:
-    """The error that `portable` packed."""
+    """The error that `make_portable` packed."""
     cls, args, attrs = error
     exc = cls.__new__(cls)
     BaseException.__init__(exc, *args)

@@ -107,7 +107,7 @@ def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, s
 
     Returns the bytes to store, their format, and the stored image (for its dimensions).
     """
-    import cv2  # imported where images are decoded (see packer.encode)
+    import cv2  # imported where images are decoded (see packer.prepare)
 
     height, width = image.shape[:2]
     size = _scaled_size(width, height, t)
@@ -138,7 +138,7 @@ def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, s
 
 def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
     """Turn a stored pixel grid upright as its EXIF orientation says (as OpenCV does)."""
-    import cv2  # imported where images are decoded (see packer.encode)
+    import cv2  # imported where images are decoded (see packer.prepare)
 
     if orientation == 2:
         return cv2.flip(image, 1)

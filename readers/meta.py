@@ -1,9 +1,11 @@
-"""Read and check a packed dataset's ``meta.json`` and its shard table."""
+"""The ``meta.json`` schema of a packed dataset, defined once: its fields (`META_FIELDS`), the
+object a build writes (`make_meta`), and reading it back checked (`load_meta`, `shard_table`)."""
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -11,6 +13,86 @@ import numpy as np
 
 from readers.errors import DatasetFormatError
 from readers.formats.layout import FORMAT_VERSION, META_NAME
+
+META_FIELDS: dict[str, str] = {
+    "format": "the shard format: a name registered in readers.formats (lmdb, recordio)",
+    "version": "the dataset layout version, an integer from 1 (FORMAT_VERSION)",
+    "num_samples": "samples in the dataset: index.jsonl's line count",
+    "num_shards": "entries of the shard table",
+    "shards": "per shard, in id order: name, first (its first sample id), count, bytes "
+    "(the stored image bytes), file_bytes (its files' size)",
+    "classes": "class names, index = class id, when labels are class names (else null)",
+    "label_source": "where the labels came from (dirname, a list file, sidecar, none, ...)",
+    "class_map": "text label -> class id, when --class-map mapped labels (else null)",
+    "label_kind": "none, int or json: the compact form readers load the labels into",
+    "source": "SRC as given",
+    "options": "the build options",
+    "created": "when the build finished, ISO 8601 UTC",
+    "tool_version": "the packer release that built it",
+    "payload_bytes": "the stored image bytes of all samples",
+    "num_errors": "lines of errors.jsonl",
+    "num_warnings": "lines of warnings.jsonl",
+    "index_sha256": "SHA-256 of index.jsonl",
+    "index_fingerprint": "the index's fingerprint (readers.index.fingerprint)",
+    "writer": "the library or layout that wrote the shards",
+    "plan_digest": "the digest of the build plan, which --resume of a finished OUT compares",
+}
+"""Every field of ``meta.json``, in the order a build writes them, and what it holds."""
+
+REQUIRED_FIELDS = ("format", "version", "num_samples", "shards")
+"""The fields readers cannot do without; `load_meta` refuses a file that lacks one."""
+
+
+def make_meta(
+    *,
+    format: str,
+    shards: list[dict[str, Any]],
+    num_samples: int,
+    classes: list[str] | None,
+    label_source: str,
+    class_map: str | None,
+    label_kind: str,
+    source: str,
+    options: dict[str, Any],
+    tool_version: str,
+    payload_bytes: int,
+    num_errors: int,
+    num_warnings: int,
+    index_sha256: str,
+    index_fingerprint: str,
+    writer: dict[str, str],
+    plan_digest: str,
+    created: str | None = None,
+) -> dict[str, Any]:
+    """The ``meta.json`` object of a dataset, with the fields in `META_FIELDS` order.
+
+    ``version`` is this layout's `FORMAT_VERSION`, ``num_shards`` the length of `shards`,
+    and `created` (None) the current UTC time; each argument is the field of its name.
+    """
+    if created is None:
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return {
+        "format": format,
+        "version": FORMAT_VERSION,
+        "num_samples": num_samples,
+        "num_shards": len(shards),
+        "shards": shards,
+        "classes": classes,
+        "label_source": label_source,
+        "class_map": class_map,
+        "label_kind": label_kind,
+        "source": source,
+        "options": options,
+        "created": created,
+        "tool_version": tool_version,
+        "payload_bytes": payload_bytes,
+        "num_errors": num_errors,
+        "num_warnings": num_warnings,
+        "index_sha256": index_sha256,
+        "index_fingerprint": index_fingerprint,
+        "writer": writer,
+        "plan_digest": plan_digest,
+    }
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -46,7 +128,7 @@ def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
         raise DatasetFormatError(f"{path}: cannot read ({exc})") from exc
     if not isinstance(meta, dict):
         raise DatasetFormatError(f"{path}: expected a JSON object, found {type(meta).__name__}")
-    for key in ("format", "version", "num_samples", "shards"):
+    for key in REQUIRED_FIELDS:
         if key not in meta:
             raise DatasetFormatError(f"{path}: field {key!r} is missing")
     if not isinstance(meta["format"], str):

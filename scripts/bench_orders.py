@@ -38,8 +38,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/blkio")
 
 def write_dataset(out: Path, fmt: str, *, total_bytes: int, record_bytes: int) -> int:
     """A packed dataset of incompressible JPEG-sized records; returns the sample count."""
+    from packer.formats import FORMATS
     from packer.records import Record
-    from packer.writers import WRITERS, ShardPart, merge_parts
+    from packer.writers import ShardPart, merge_parts
     from readers.formats.layout import META_NAME
     from readers.index import fingerprint
 
@@ -56,7 +57,7 @@ def write_dataset(out: Path, fmt: str, *, total_bytes: int, record_bytes: int) -
     out.mkdir(parents=True)
     numbers = []
     for number, first in enumerate(range(0, n, per_shard)):
-        part = ShardPart(out, number, WRITERS[fmt], first_id=first)
+        part = ShardPart(out, number, FORMATS[fmt].writer, first_id=first)
         for i in range(first, min(n, first + per_shard)):
             data = pool[i % len(pool)]
             part.add(Record(f"c/{i:08d}.png", i % 10, data, "png", side, side, 3, zlib.crc32(data)))

@@ -21,8 +21,6 @@ from typing import Any
 
 from packer.errors import PackerError
 
-ENGINES = ("local", "ray")
-
 
 class EngineError(PackerError):
     """A shard could not be written for a reason outside its inputs (its task died on every

@@ -28,10 +28,11 @@ from typing import Any
 from packer.config import BuildConfig
 from packer.engines import EngineError, progress_bar
 from packer.errors import ConfigError, PackerError
+from packer.job import BuildJob, ShardSettings
 from packer.plan import ShardPlan
 from packer.records import Entry
 from packer.scan import SourceFile
-from packer.task import portable, rebuild, run_shard
+from packer.task import make_portable, rebuild, run_shard
 from readers.formats.layout import shard_name
 
 MAX_RETRIES = 3
@@ -43,7 +44,8 @@ _CANCEL_WAIT_S = 30.0
 
 @dataclass(frozen=True)
 class ShardJob:
-    """What one task needs besides the config: the shard and its entries (absolute paths)."""
+    """What one task needs besides the `ShardSettings`: the shard and its entries (absolute
+    paths)."""
 
     tmp: str
     src: str
@@ -68,7 +70,7 @@ def _import_ray() -> Any:
     return ray
 
 
-def _shard_task(cfg: BuildConfig, job: ShardJob) -> dict[str, Any]:
+def _shard_task(settings: ShardSettings, job: ShardJob) -> dict[str, Any]:
     """Write one shard (in a Ray worker); return its counts and where it ran, or its error."""
     started = time.perf_counter()
     host, ip = socket.gethostname(), str(_import_ray().util.get_node_ip_address())
@@ -79,9 +81,9 @@ def _shard_task(cfg: BuildConfig, job: ShardJob) -> dict[str, Any]:
                     f"node {host} ({ip}) does not see {what} {path}: SRC and OUT's parent "
                     "must be on a filesystem that every node mounts at the same path"
                 )
-        done = run_shard(cfg, Path(job.tmp), job.shard, job.entries)
+        done = run_shard(settings, Path(job.tmp), job.shard, job.entries)
     except PackerError as exc:
-        return {"error": portable(exc)}
+        return {"error": make_portable(exc)}
     return {
         "count": int(done["count"]),
         "bytes": int(done["bytes"]),
@@ -122,16 +124,8 @@ def _connect(ray: Any, cfg: BuildConfig, say: Callable[[str], None]) -> None:
     say(f"ray: connected to {address}")
 
 
-def run_ray(
-    cfg: BuildConfig,
-    tmp: Path,
-    entries: list[Entry],
-    shards: list[ShardPlan],
-    finished: set[int],
-    *,
-    say: Callable[[str], None],
-) -> None:
-    """Write the unfinished planned shards of the build in `tmp`, one Ray task each.
+def run_ray(job: BuildJob, *, say: Callable[[str], None]) -> None:
+    """Write the unfinished planned shards of `job`, one Ray task each.
 
     Uses the Ray connection of this process when there is one; otherwise connects as
     `_connect` says and disconnects (stopping a local instance it started) at the end.
@@ -144,54 +138,45 @@ def run_ray(
     ray = _import_ray()
     connected_here = not ray.is_initialized()
     if connected_here:
-        _connect(ray, cfg, say)
+        _connect(ray, job.cfg, say)
     try:
-        _run(ray, cfg, tmp, entries, shards, finished, say)
+        _run(ray, job, say)
     finally:
         if connected_here:
             ray.shutdown()
 
 
-def _jobs(
-    cfg: BuildConfig, tmp: Path, entries: list[Entry], todo: list[ShardPlan]
-) -> Iterator[ShardJob]:
+def _shard_jobs(job: BuildJob, todo: list[ShardPlan]) -> Iterator[ShardJob]:
+    """The task of each shard of `todo`, made when it is submitted."""
     # Workers do not run in the driver's directory: every path they get is absolute.
-    src = os.path.abspath(cfg.src)
-    root = os.path.abspath(tmp)
+    src = os.path.abspath(job.cfg.src)
+    root = os.path.abspath(job.tmp)
     for shard in todo:
         shard_entries = [
             replace(e, file=SourceFile(e.file.rel, os.path.abspath(e.file.path)))
-            for e in entries[shard.start : shard.stop]
+            for e in job.entries_of(shard)
         ]
         yield ShardJob(root, src, shard, shard_entries)
 
 
-def _run(
-    ray: Any,
-    cfg: BuildConfig,
-    tmp: Path,
-    entries: list[Entry],
-    shards: list[ShardPlan],
-    finished: set[int],
-    say: Callable[[str], None],
-) -> None:
+def _run(ray: Any, build_job: BuildJob, say: Callable[[str], None]) -> None:
     started = time.perf_counter()
-    todo = [s for s in shards if s.number not in finished]
+    todo = build_job.todo
     task = ray.remote(_shard_task).options(max_retries=MAX_RETRIES, num_cpus=1)
-    cfg_ref = ray.put(cfg)
+    settings_ref = ray.put(build_job.settings)
     limit = max(2, _IN_FLIGHT * int(ray.cluster_resources().get("CPU", 1)))
-    jobs = _jobs(cfg, tmp, entries, todo)  # made as they are submitted: memory stays bounded
+    jobs = _shard_jobs(build_job, todo)  # made as they are submitted: memory stays bounded
     job: ShardJob | None = next(jobs, None)
     pending: dict[Any, ShardJob] = {}
     failed: tuple[int, BaseException] | None = None
     nodes: dict[tuple[str, str], _NodeStats] = {}
     written = 0
-    with progress_bar(len(entries), cfg.progress) as bar:
-        bar.update(sum(s.stop - s.start for s in shards if s.number in finished))
+    with progress_bar(len(build_job.entries), build_job.cfg.progress) as bar:
+        bar.update(len(build_job.entries) - sum(s.stop - s.start for s in todo))
         try:
             while job is not None or pending:
                 while job is not None and failed is None and len(pending) < limit:
-                    pending[task.remote(cfg_ref, job)] = job
+                    pending[task.remote(settings_ref, job)] = job
                     job = next(jobs, None)
                 if not pending:
                     break

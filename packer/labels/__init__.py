@@ -17,7 +17,6 @@ from packer.errors import LabelSourceError
 from packer.labels.classmap import ClassMap, class_names, load_class_map, map_label
 from packer.labels.common import (
     KEYWORDS,
-    NO_LABEL_MESSAGE,
     UNKNOWN_CLASS,
     Listed,
     Parsed,
@@ -37,7 +36,6 @@ from packer.records import Entry
 
 __all__ = [
     "KEYWORDS",
-    "NO_LABEL_MESSAGE",
     "UNKNOWN_CLASS",
     "ClassMap",
     "Entry",

@@ -20,7 +20,6 @@ from packer.problems import Problem
 UNKNOWN_CLASS = "unknown_class"
 
 KEYWORDS = LABEL_KEYWORDS
-NO_LABEL_MESSAGE = "an image outside every class folder (labels from dirname)"
 
 _INT = re.compile(r"^(?:0|-?[1-9][0-9]*)$")  # canonical: "007" and "+7" stay text
 _INT64 = 1 << 63

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from packer.labels.common import NO_LABEL_MESSAGE
+from packer.problems import NO_LABEL_MESSAGE
 from packer.records import Entry
 from packer.scan import ScanResult, check_name
 

@@ -8,7 +8,6 @@ planned shard and keeps its index rows, problems and completion marker beside it
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -17,15 +16,6 @@ import numpy as np
 
 from packer.problems import Problem
 from packer.records import Record
-
-
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file or a directory by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ShardWriter(ABC):

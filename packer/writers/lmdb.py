@@ -11,7 +11,8 @@ import lmdb
 import numpy as np
 
 from packer.records import Record
-from packer.writers.base import ShardWriter, fsync_path
+from packer.writers.base import ShardWriter
+from readers.durable import fsync_path
 from readers.formats.lmdb import (
     DATA_FILE,
     LOCK_FILE,

@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.problems import Problem
-from packer.writers.base import ShardWriter, fsync_path
+from packer.writers.base import ShardWriter
 from packer.writers.part import PART_SCHEMA, part_paths, read_done
+from readers.durable import fsync_path
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, shard_name
 
 # index.parquet: a part's columns plus the global id and the shard number

@@ -26,6 +26,7 @@ import pyarrow as pa
 from packer.problems import Problem
 from packer.records import Record
 from packer.writers.base import ShardWriter
+from readers.durable import fsync_path, write_durably
 from readers.formats.layout import shard_name
 
 PART_VERSION = 2
@@ -60,7 +61,7 @@ class IndexRow(NamedTuple):
     label_kind: str  # none | int | json
 
 
-def index_row(record: Record) -> IndexRow:
+def make_index_row(record: Record) -> IndexRow:
     """The index row of `record`, but for its id, shard, key and offset."""
     label = record.label
     if label is None:
@@ -104,13 +105,6 @@ def read_done(root: Path, number: int) -> dict[str, Any] | None:
     return done
 
 
-def _synced(path: Path, lines: list[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 class ShardPart:
     """Writes planned shard `number` of a build: its files, index rows and problems.
 
@@ -136,10 +130,10 @@ class ShardPart:
         self._values: list[tuple[Any, ...]] = []  # one index.parquet row (PART_SCHEMA) each
 
     def add(self, record: Record, row: IndexRow | None = None) -> None:
-        """Store one record; `row` is its `index_row` when the caller made it already."""
+        """Store one record; `row` is its `make_index_row` when the caller made it already."""
         key, offset = self.shard.write(self.count + 1, self.first_id + self.count, record)
         if row is None:
-            row = index_row(record)
+            row = make_index_row(record)
         at = "" if offset is None else offset
         self._rows.write(f"{row.head}\t{_JSON.encode(key)}\t{at}\t{row.tail}}}\n")
         self._values.append(
@@ -181,10 +175,9 @@ class ShardPart:
             pa.ipc.new_file(sink, PART_SCHEMA) as arrow,
         ):
             arrow.write_table(table)
-        with open(self.paths["columns"], "rb") as f:
-            os.fsync(f.fileno())
-        _synced(self.paths["errors"], [_JSON.encode(p.as_json()) + "\n" for p in problems])
-        _synced(self.paths["notes"], [_JSON.encode(n) + "\n" for n in self.notes])
+        fsync_path(self.paths["columns"])
+        write_durably(self.paths["errors"], [_JSON.encode(p.as_json()) + "\n" for p in problems])
+        write_durably(self.paths["notes"], [_JSON.encode(n) + "\n" for n in self.notes])
         done = {
             "part_version": PART_VERSION,
             "number": self.number,
@@ -197,7 +190,7 @@ class ShardPart:
             "files": sorted({p.relative_to(self.root).parts[0] for p in self.shard.files()}),
         }
         tmp = self.paths["done"].with_name(self.paths["done"].name + ".tmp")
-        _synced(tmp, [json.dumps(done)])
+        write_durably(tmp, json.dumps(done))
         os.replace(tmp, self.paths["done"])
         return done
 

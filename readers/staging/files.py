@@ -7,13 +7,13 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from readers import sizes
 from readers.errors import ReaderError
 
 BLOCK = 4 << 20
@@ -26,20 +26,18 @@ class StagingError(ReaderError):
     """A dataset could not be staged, or a staged copy does not match its origin."""
 
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_UNITS.update({"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40})
-
-
 def parse_size(value: int | str | None) -> int | None:
     """``None`` -> ``None``; an int -> itself; ``"20GiB"``, ``"500MB"``, ``"1.5G"`` -> bytes."""
     if value is None or isinstance(value, int):
         if isinstance(value, int) and value < 0:
             raise StagingError(f"cache limit {value}: expected a size >= 0")
         return value
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgt]i?)?b?\s*", value, re.IGNORECASE)
-    if match is None:
-        raise StagingError(f"cache limit {value!r}: expected bytes or a size such as 20GiB, 500MB")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    try:
+        return sizes.parse_size(value)
+    except sizes.SizeError:
+        raise StagingError(
+            f"cache limit {value!r}: expected bytes or a size such as 20GiB, 500MB"
+        ) from None
 
 
 @contextlib.contextmanager

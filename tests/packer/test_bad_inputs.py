@@ -19,21 +19,17 @@ import pytest
 from PIL import Image
 
 import packer.build
-from packer import encode
+from packer import prepare as prepare_module
+from packer import source
 from packer.build import build
 from packer.config import BuildConfig
-from packer.encode import (
-    Transform,
-    apply_orientation,
-    exif_orientation,
-    image_size,
-    prepare,
-    probe_header,
-    read_source,
-)
+from packer.prepare import prepare_record
+from packer.probe import exif_orientation, image_size, probe_header
 from packer.problems import NOTE_REASONS, Note, Problem
 from packer.records import Record
 from packer.scan import name_collisions
+from packer.source import read_source
+from packer.transform import Transform, apply_orientation
 from packer.verify import verify
 from readers import open_dataset
 from readers.formats.images import sniff_format
@@ -293,7 +289,7 @@ def test_zoo_notes_from_prepare_and_name_collisions(tmp_path):
     write_zoo(src)
     notes: dict[str, str] = {}
     for rel in sorted(GOOD):
-        item = prepare(rel, str(src / rel), None)
+        item = prepare_record(rel, str(src / rel), None)
         assert isinstance(item, Record), rel
         assert item.data == GOOD[rel]
         for note in item.notes:
@@ -348,7 +344,7 @@ def prepare_bytes(rel: str, data: bytes, **kwargs: Any) -> Record | Problem:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / f"f{next(_tmp_counter)}"
         path.write_bytes(data)
-        return prepare(rel, str(path), None, **kwargs)
+        return prepare_record(rel, str(path), None, **kwargs)
 
 
 @pytest.mark.parametrize("ext", [".png", ".jpg", ".bmp", ".webp", ".tiff", ".ppm", ".pgm"])
@@ -375,8 +371,8 @@ def test_webp_lossless_and_extended_headers(mode):
 def test_max_pixels_refuses_from_the_header_in_every_format(ext, monkeypatch):
     data = cv_encode(pixels(20, 10), ext)
     decoded: list[bytes] = []
-    real = encode._decode_unchanged
-    monkeypatch.setattr(encode, "_decode_unchanged", lambda d: decoded.append(d) or real(d))
+    real = prepare_module._decode_unchanged
+    monkeypatch.setattr(prepare_module, "_decode_unchanged", lambda d: decoded.append(d) or real(d))
     for transform in (Transform(max_pixels=199), Transform(max_pixels=199, encode="png")):
         item = prepare_bytes(f"a{ext}", data, transform=transform)
         assert isinstance(item, Problem)
@@ -525,7 +521,7 @@ def test_name_collisions_by_case_and_normalization():
 def test_read_source_reports_a_file_that_changes_while_read(tmp_path, monkeypatch):
     path = tmp_path / "growing.png"
     path.write_bytes(GOOD["plain/ok.png"])
-    real = encode._read_all
+    real = source.read_all
 
     def read_then_append(fd: int, size_hint: int) -> bytes:
         data = real(fd, size_hint)
@@ -533,7 +529,7 @@ def test_read_source_reports_a_file_that_changes_while_read(tmp_path, monkeypatc
             f.write(b"more")
         return data
 
-    monkeypatch.setattr(encode, "_read_all", read_then_append)
+    monkeypatch.setattr(source, "read_all", read_then_append)
     found = read_source(str(path), "growing.png")
     assert isinstance(found, Problem)
     assert found.reason == "changed"
@@ -553,7 +549,7 @@ def test_opencv_exceptions_are_undecodable(monkeypatch):
     def boom(*_args: Any) -> None:
         raise cv2.error("bad header")
 
-    monkeypatch.setattr(encode.cv2, "imdecode", boom)
+    monkeypatch.setattr(prepare_module.cv2, "imdecode", boom)
     item = prepare_bytes("a.png", GOOD["plain/ok.png"])
     assert isinstance(item, Problem)
     assert item.reason == "undecodable"

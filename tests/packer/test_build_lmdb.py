@@ -387,7 +387,7 @@ def test_parallel_build_is_identical(tmp_path):
 
 
 def test_bytes_reread_after_a_parallel_check_must_match_it(tmp_path):
-    from packer.engines.local import restore as _restore
+    from packer.prepare import restore_bytes as _restore
     from packer.records import Record
 
     path = tmp_path / "a.png"

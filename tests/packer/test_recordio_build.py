@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from packer.build import build, temp_dir_for
 from packer.cli import app
 from packer.config import BuildConfig
-from packer.encode import prepare
 from packer.errors import DiskFullError, InputError
+from packer.prepare import prepare_record
 from packer.verify import verify
 from packer.writers import ShardPart, merge_parts
 from packer.writers import recordio as wr
@@ -139,7 +139,7 @@ def test_shards_roll_over_and_idx_keys_are_global_ids(tmp_path):
 def test_label_mapping_into_the_header(tree, tmp_path, label, flag, values):
     src, files = tree
     rel = sorted(files)[0]
-    base = prepare(rel, str(src / rel), None)
+    base = prepare_record(rel, str(src / rel), None)
     assert not isinstance(base, type(None))
     root = tmp_path / "w"
     root.mkdir()
@@ -203,7 +203,7 @@ def test_too_large_images_are_skipped_or_stop_the_build(tree, tmp_path, monkeypa
         build(BuildConfig(src=src, out=tmp_path / "fail", format="recordio", on_error="fail"))
     assert not (tmp_path / "fail").exists()
     # the shard writer refuses on its own too, naming the file
-    record = prepare(big[0], str(src / big[0]), 0)
+    record = prepare_record(big[0], str(src / big[0]), 0)
     shard = RecordIOShardWriter(tmp_path / "shard-00000")
     with pytest.raises(RecordTooLargeForShardError, match=rf"{big[0]}: .*shard-00000\.rec"):
         shard.write(1, 0, record)  # type: ignore[arg-type]

@@ -8,8 +8,9 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from packer.encode import Transform, parse_resize, prepare
+from packer.prepare import prepare_record
 from packer.records import Record
+from packer.transform import Transform, parse_resize
 from readers import open_dataset
 from readers.decode import decode_raw
 from tests.conftest import encode
@@ -51,7 +52,7 @@ def test_parse_resize():
 )
 def test_resize_and_encode(tmp_path, photo, transform, size, fmt):
     path = write(tmp_path, "a.jpg", photo, ".jpg")
-    record = prepare("a.jpg", path, 1, transform=transform)
+    record = prepare_record("a.jpg", path, 1, transform=transform)
     assert isinstance(record, Record)
     assert (record.width, record.height, record.channels) == (*size, 3)
     assert record.format == fmt
@@ -71,27 +72,27 @@ def test_alpha_sixteen_bit_and_gray_raw(tmp_path):
     rgba = rng.integers(0, 256, (20, 30, 4), dtype=np.uint8)
     deep = rng.integers(0, 65536, (20, 30, 3), dtype=np.uint16)
     gray = rng.integers(0, 256, (20, 30), dtype=np.uint8)
-    rec = prepare(
+    rec = prepare_record(
         "a.png", write(tmp_path, "a.png", rgba, ".png"), 0, transform=Transform(encode="raw")
     )
     assert rec.channels == 4
     np.testing.assert_array_equal(
         decode_raw(rec.data, 20, 30, 4, "unchanged"), cv2.cvtColor(rgba, cv2.COLOR_BGRA2RGBA)
     )
-    rec = prepare(
+    rec = prepare_record(
         "d.png", write(tmp_path, "d.png", deep, ".png"), 0, transform=Transform(encode="raw")
     )
     np.testing.assert_array_equal(
         decode_raw(rec.data, 20, 30, 3, "bgr"), (deep >> 8).astype(np.uint8)
     )
-    rec = prepare(
+    rec = prepare_record(
         "g.png",
         write(tmp_path, "g.png", gray, ".png"),
         0,
         transform=Transform(encode="jpeg", quality=100),
     )
     assert (rec.format, rec.channels) == ("jpeg", 1)
-    rec = prepare("a.png", str(tmp_path / "a.png"), 0, transform=Transform(encode="jpeg"))
+    rec = prepare_record("a.png", str(tmp_path / "a.png"), 0, transform=Transform(encode="jpeg"))
     assert rec.channels == 3  # JPEG has no alpha
     with pytest.raises(ValueError, match="raw bytes, expected"):
         decode_raw(b"\x00" * 10, 2, 2, 3)
