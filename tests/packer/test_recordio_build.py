@@ -22,7 +22,7 @@ from packer.verify import verify
 from packer.writers import ShardPart, merge_parts
 from packer.writers import recordio as wr
 from packer.writers.recordio import RecordIOShardWriter, RecordTooLargeForShardError, header_label
-from readers import handles
+from readers.io import handles
 from tests.conftest import write_tree
 from tests.readers.test_recordio_dataset import (
     MAGIC,
