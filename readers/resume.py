@@ -19,6 +19,7 @@ __all__ = [
     "SAMPLER_STATE_VERSION",
     "STREAM_STATE_VERSION",
     "StreamResume",
+    "check_complete",
     "check_saved_params",
     "fingerprint",
     "loader_shape",
@@ -38,6 +39,13 @@ def fingerprint(*arrays: IntArray | None) -> int:
         if arr is not None:
             crc = zlib.crc32(arr.astype("<i8").tobytes(), crc)
     return crc
+
+
+def check_complete(state: dict[str, Any], required: set[str], *, what: str) -> None:
+    """Raise ValueError naming the keys of `required` that the saved `what` state lacks."""
+    missing = sorted(required - state.keys())
+    if missing:
+        raise ValueError(f"{what} state is missing {missing}; was it saved by state_dict()?")
 
 
 def check_saved_params(
@@ -66,10 +74,7 @@ def read_sampler_state(
         ValueError: the state is incomplete, of another version, saved with other parameters,
             or its position lies beyond this rank's ``length`` samples.
     """
-    required = {"version", "epoch", "position", *params}
-    missing = sorted(required - state.keys())
-    if missing:
-        raise ValueError(f"sampler state is missing {missing}; was it saved by state_dict()?")
+    check_complete(state, {"version", "epoch", "position", *params}, what="sampler")
     if state["version"] != SAMPLER_STATE_VERSION:
         raise ValueError(
             f"sampler state version {state['version']} is not supported "
@@ -209,10 +214,7 @@ def read_stream_state(
             other order parameters or another dataset layout.
     """
     keys = ("epoch", "consumed_batches", "batch_size", "num_workers", "drop_last_batch")
-    required = {"version", "kind", *keys, *params}
-    missing = sorted(required - state.keys())
-    if missing:
-        raise ValueError(f"stream state is missing {missing}; was it saved by state_dict()?")
+    check_complete(state, {"version", "kind", *keys, *params}, what="stream")
     if state["kind"] != "ShardStream" or state["version"] != STREAM_STATE_VERSION:
         raise ValueError(
             f"stream state kind {state['kind']!r} version {state['version']} is not "

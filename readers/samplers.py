@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy.typing as npt
 
-from readers.hints import (
+from readers.epochs import DEFAULT_WINDOW, RankedEpochs
+from readers.io.hints import (
     CHUNK_BYTES,
     DEFAULT_CHUNK_SIZE,
     PREFETCH_BYTES,
@@ -30,11 +31,9 @@ from readers.order import (
     check_nonneg,
     chunk_order,
     chunk_ranges,
-    rank_share,
-    rank_span,
     split_for_rank,
 )
-from readers.resume import SAMPLER_STATE_VERSION, fingerprint, read_sampler_state
+from readers.resume import SAMPLER_STATE_VERSION, read_sampler_state
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
@@ -49,23 +48,6 @@ __all__ = [
     "split_for_rank",
 ]
 
-DEFAULT_WINDOW = 8
-"""Chunks per shuffle block: samples are mixed across this many chunks."""
-
-
-def check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``, from ``paddle.distributed`` where not given, validated."""
-    if rank is None or world_size is None:
-        import paddle.distributed as dist  # lazy: importing paddle is slow
-
-        rank = dist.get_rank() if rank is None else rank
-        world_size = dist.get_world_size() if world_size is None else world_size
-    check_nonneg("world_size", world_size, 1)
-    check_nonneg("rank", rank)
-    if rank >= world_size:
-        raise ValueError(f"rank must be < world_size, got rank={rank} world_size={world_size}")
-    return int(rank), int(world_size)
-
 
 @dataclass
 class _Pass:
@@ -77,7 +59,7 @@ class _Pass:
     done: int = 0
 
 
-class ChunkShuffleSampler:
+class ChunkShuffleSampler(RankedEpochs):
     """Yields this rank's sample ids for the current epoch in chunked, cache-friendly order.
 
     Works wherever paddle expects a ``paddle.io.Sampler`` (``paddle.io.BatchSampler(sampler=...)``
@@ -127,82 +109,41 @@ class ChunkShuffleSampler:
         if chunk_size is not None:
             check_nonneg("chunk_size", chunk_size, 1)
         check_nonneg("window", window)
-        check_nonneg("seed", seed)
-        self._rank, self._world_size = check_rank(rank, world_size)
         self._window = int(window)
-        self._shuffle = bool(shuffle)
-        self._seed = int(seed)
-        self._drop_last = bool(drop_last)
         self._bounds = dataset_bounds(dataset)
         self._ids = select_ids(dataset, indices, labels)
-        self._num_selected = int(self._bounds[-1]) if self._ids is None else self._ids.size
-        self._chunk_size = resolve_chunk_size(dataset, chunk_size, self._ids)
+        self._setup_epochs(
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            chunk_size=resolve_chunk_size(dataset, chunk_size, self._ids),
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_ordered=int(self._bounds[-1]) if self._ids is None else self._ids.size,
+        )
         prefetch = getattr(dataset, "prefetch", None)
         self._prefetch = prefetch if callable(prefetch) else None
         self._lookahead = lookahead_samples(dataset, chunk_size=self._chunk_size, window=window)
-        self._epoch = 0
         self._offset = 0  # where the next pass starts (set by load_state_dict)
         self._pass: _Pass | None = None  # the latest pass, for state_dict()
-        self._fingerprint: int | None = None
         self._cache: tuple[int, IntArray] | None = None  # (epoch, this rank's share)
 
     # ------------------------------------------------------------------ properties
     @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def chunk_size(self) -> int:
-        """Samples per chunk: the ``chunk_size`` given, or the one chosen by stored bytes."""
-        return self._chunk_size
-
-    @property
     def num_selected(self) -> int:
         """Selected samples over all ranks (before padding or dropping)."""
-        return self._num_selected
-
-    def __len__(self) -> int:
-        start, stop = rank_span(
-            self._num_selected,
-            rank=self._rank,
-            world_size=self._world_size,
-            drop_last=self._drop_last,
-        )
-        return stop - start
+        return self._num_ordered
 
     # ------------------------------------------------------------------ order
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next pass yields; a new epoch starts at 0."""
-        check_nonneg("epoch", epoch)
-        if int(epoch) != self._epoch:
-            self._epoch = int(epoch)
-            self._offset = 0
-            self._pass = None
+    def _start_epoch(self) -> None:
+        self._offset = 0
+        self._pass = None
 
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """This rank's full share of the order for ``epoch`` (default: the current one)."""
         epoch = self._epoch if epoch is None else epoch
         if self._cache is None or self._cache[0] != epoch:
-            share = rank_share(
-                self._bounds,
-                chunk_size=self._chunk_size,
-                window=self._window,
-                seed=self._seed,
-                epoch=epoch,
-                rank=self._rank,
-                world_size=self._world_size,
-                drop_last=self._drop_last,
-                shuffle=self._shuffle,
-                ids=self._ids,
-            )
+            share = self._rank_share(self._bounds, epoch=epoch, window=self._window, ids=self._ids)
             self._cache = (epoch, share)
         return self._cache[1]
 
@@ -262,17 +203,10 @@ class ChunkShuffleSampler:
 
     # ------------------------------------------------------------------ resume
     def _params(self) -> dict[str, Any]:
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint(self._bounds, self._ids)
-        return {
-            "seed": self._seed,
-            "chunk_size": self._chunk_size,
+        return self._order_params() | {
             "window": self._window,
-            "shuffle": self._shuffle,
-            "drop_last": self._drop_last,
-            "world_size": self._world_size,
-            "num_selected": self._num_selected,
-            "selection_crc32": self._fingerprint,
+            "num_selected": self._num_ordered,
+            "selection_crc32": self._layout_crc32(self._bounds, self._ids),
         }
 
     def state_dict(self, consumed_samples: int | None = None) -> dict[str, Any]:

@@ -58,25 +58,18 @@ from typing import Any
 import numpy as np
 import paddle
 
+from readers.epochs import DEFAULT_WINDOW, RankedEpochs
+from readers.io.hints import DEFAULT_CHUNK_SIZE, resolve_chunk_size
 from readers.order import (
     IntArray,
     buffer_order,
     check_nonneg,
     chunk_ranges,
     loader_batches,
-    rank_share,
-    rank_span,
     worker_counts,
     worker_slice,
 )
-from readers.resume import (
-    StreamResume,
-    fingerprint,
-    loader_shape,
-    read_stream_state,
-    stream_state,
-)
-from readers.samplers import DEFAULT_CHUNK_SIZE, DEFAULT_WINDOW, check_rank
+from readers.resume import StreamResume, loader_shape, read_stream_state, stream_state
 from readers.selection import SizedDataset, dataset_bounds
 from readers.stream_reader import finish_item, open_source, serve
 
@@ -89,8 +82,9 @@ __all__ = [
 ]
 
 DEFAULT_SHUFFLE_BUFFER = DEFAULT_WINDOW * DEFAULT_CHUNK_SIZE
-"""Samples per worker's shuffle buffer: they mix across about as many chunks as the sampler's
-window (8 chunks of 64). Held as stored bytes: ~50 MB per worker for ImageNet-sized JPEGs."""
+"""The fewest samples a default shuffle buffer holds (8 chunks of 64). The default buffer is
+``DEFAULT_WINDOW`` chunks: it mixes across as many chunks as the sampler's window, about
+8 MiB of stored bytes with size-based chunks (``readers.io.hints.CHUNK_BYTES``)."""
 
 
 _SECOND_PASS = (
@@ -106,7 +100,7 @@ def _worker_info() -> Any:
     return paddle.io.get_worker_info()
 
 
-class ShardStream(paddle.io.IterableDataset[Any]):
+class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
     """A packed dataset as an ``IterableDataset``: sequential reads, a shuffle buffer, ranks.
 
     Each DataLoader worker reads its own span of this rank's share in order and mixes it
@@ -127,9 +121,15 @@ class ShardStream(paddle.io.IterableDataset[Any]):
             is a dataset.
         decode: ``rgb``, ``bgr``, ``gray``, ``unchanged`` or ``bytes``. Default: the
             dataset's own, if ``source`` is a dataset, else ``rgb``.
-        chunk_size: Neighbouring samples per chunk of the global order.
+        chunk_size: Neighbouring samples per chunk of the global order; default (None): as
+            the samplers choose it, about ``CHUNK_BYTES`` (1 MiB) of stored bytes by the
+            dataset's index, 64 to 4096 samples (64 without an index). The value used is
+            ``.chunk_size`` and is part of the resume state.
         shuffle: False reads the rank's share in id order, without the buffer.
         shuffle_buffer: Samples per worker's shuffle buffer; 1 keeps each worker's read order.
+            Default (None): ``DEFAULT_WINDOW`` (8) chunks, ``8 * chunk_size`` samples (at
+            least 512; about 8 MiB of stored bytes with the default chunks, held per worker).
+            Part of the resume state.
         seed: Non-negative seed shared by all ranks.
         drop_last: Drop the remainder so ranks get ``n // world_size`` samples each, instead
             of padding to ``ceil(n / world_size)``.
@@ -145,9 +145,9 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         *,
         transform: Callable[[Any], Any] | None = None,
         decode: str | None = None,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = None,
         shuffle: bool = True,
-        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+        shuffle_buffer: int | None = None,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -156,47 +156,40 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        check_nonneg("chunk_size", chunk_size, 1)
-        check_nonneg("shuffle_buffer", shuffle_buffer, 1)
+        if chunk_size is not None:
+            check_nonneg("chunk_size", chunk_size, 1)
+        if shuffle_buffer is not None:
+            check_nonneg("shuffle_buffer", shuffle_buffer, 1)
         check_nonneg("seed", seed)
-        self._rank, self._world_size = check_rank(rank, world_size)
         src = open_source(
             source, decode=decode, transform=transform, cache_dir=cache_dir, cache_limit=cache_limit
         )
         self.dataset, self.decode, self.transform = src.dataset, src.decode, src.transform
         self._bounds = dataset_bounds(self.dataset)
-        self._chunk_size = int(chunk_size)
-        self._shuffle = bool(shuffle)
+        self._setup_epochs(
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            chunk_size=resolve_chunk_size(self.dataset, chunk_size, None),
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_ordered=int(self._bounds[-1]),
+        )
+        if shuffle_buffer is None:
+            shuffle_buffer = max(DEFAULT_SHUFFLE_BUFFER, DEFAULT_WINDOW * self._chunk_size)
         self._buffer = int(shuffle_buffer) if shuffle else 1
-        self._seed = int(seed)
-        self._drop_last = bool(drop_last)
-        self._epoch = 0
         self._resume: StreamResume | None = None
         self._worker_passes = 0  # passes started by this copy inside a DataLoader worker
-        self._fingerprint: int | None = None
 
     # ------------------------------------------------------------------ properties
     @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
+    def shuffle_buffer(self) -> int:
+        """Samples per worker's shuffle buffer (1 without shuffling)."""
+        return self._buffer
 
     def __len__(self) -> int:  # type: ignore[override]
         """Samples this rank yields per epoch (every rank the same)."""
-        start, stop = rank_span(
-            int(self._bounds[-1]),
-            rank=self._rank,
-            world_size=self._world_size,
-            drop_last=self._drop_last,
-        )
-        return stop - start
+        return RankedEpochs.__len__(self)
 
     def batches_per_epoch(self, loader: Any) -> int:
         """Batches ``loader`` yields per epoch on this rank (the same on every rank).
@@ -215,23 +208,15 @@ class ShardStream(paddle.io.IterableDataset[Any]):
         Call it before creating the epoch's DataLoader iterator: workers copy the stream when
         they start.
         """
-        check_nonneg("epoch", epoch)
-        if int(epoch) != self._epoch:
-            self._epoch = int(epoch)
-            self._resume = None
+        super().set_epoch(epoch)
+
+    def _start_epoch(self) -> None:
+        self._resume = None
 
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """This rank's share of the global order for ``epoch`` (default: the current one)."""
-        return rank_share(
-            self._bounds,
-            chunk_size=self._chunk_size,
-            window=0,
-            seed=self._seed,
-            epoch=self._epoch if epoch is None else epoch,
-            rank=self._rank,
-            world_size=self._world_size,
-            drop_last=self._drop_last,
-            shuffle=self._shuffle,
+        return self._rank_share(
+            self._bounds, epoch=self._epoch if epoch is None else epoch, window=0
         )
 
     def _worker_plan(self, epoch: int, worker: int, num_workers: int) -> tuple[IntArray, IntArray]:
@@ -288,17 +273,10 @@ class ShardStream(paddle.io.IterableDataset[Any]):
 
     # ------------------------------------------------------------------ resume
     def _params(self) -> dict[str, Any]:
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint(self._bounds)
-        return {
-            "seed": self._seed,
-            "chunk_size": self._chunk_size,
-            "shuffle": self._shuffle,
+        return self._order_params() | {
             "shuffle_buffer": self._buffer,
-            "drop_last": self._drop_last,
-            "world_size": self._world_size,
             "num_samples": int(self._bounds[-1]),
-            "shards_crc32": self._fingerprint,
+            "shards_crc32": self._layout_crc32(self._bounds),
         }
 
     def state_dict(

@@ -148,7 +148,7 @@ class Child:
         return rate
 
     def row(self, name: str, order: str) -> dict[str, Any]:
-        from readers import handles
+        from readers.io import handles
 
         handles.close_all()
         slow = self.spec["storage"] == SLOW

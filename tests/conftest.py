@@ -12,8 +12,8 @@ import cv2
 import numpy as np
 import pytest
 
-from readers import handles
 from readers.formats import FORMATS
+from readers.io import handles
 
 
 def encode(image: np.ndarray, ext: str) -> bytes:

@@ -14,8 +14,9 @@ import pytest
 from packer.build import build
 from packer.config import BuildConfig
 from packer.verify import verify
-from readers import LmdbDataset, RecordIODataset, handles, open_dataset
+from readers import LmdbDataset, RecordIODataset, open_dataset
 from readers.formats import FORMATS
+from readers.io import handles
 from tests.conftest import encode
 
 DATASET_CLASS = {"lmdb": LmdbDataset, "recordio": RecordIODataset}

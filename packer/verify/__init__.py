@@ -13,8 +13,8 @@ from typing import Any
 from packer.verify.common import Report, Rows, check_shard_table, shard_rows
 from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
+from readers.io.readahead import FileAhead
 from readers.meta import load_meta
-from readers.readahead import FileAhead
 
 __all__ = ["verify", "verify_packed"]
 

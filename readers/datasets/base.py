@@ -19,14 +19,14 @@ import cv2
 import numpy as np
 import paddle
 
-from readers import handles
 from readers.decode import check_mode, decode_sample
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index, load_meta
-from readers.readahead import Readahead, willneed
+from readers.io import handles
+from readers.io.readahead import Readahead, willneed
 from readers.staging import stage
 
 ON_ERROR = ("raise", "skip")

@@ -8,7 +8,6 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from readers import handles
 from readers.datasets.base import ShardedDataset
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import META_NAME
@@ -20,7 +19,8 @@ from readers.formats.lmdb import (
     label_key,
     overflow_value,
 )
-from readers.readahead import coalesce
+from readers.io import handles
+from readers.io.readahead import coalesce
 
 OFFSET_CHECKS = 8
 """Samples per shard compared, through LMDB and at their index offsets, before a process

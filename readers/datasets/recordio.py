@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from readers import handles
 from readers.datasets.base import ShardedDataset
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import INDEX_NAME, META_NAME
@@ -27,6 +26,7 @@ from readers.formats.recordio import (
     unpack_image_record,
 )
 from readers.index import DatasetIndex
+from readers.io import handles
 
 
 def _int_labels(values: list[Any]) -> np.ndarray | None:

@@ -22,8 +22,8 @@ from packer.verify import verify
 from packer.writers import ShardPart, merge_parts
 from packer.writers import recordio as wr
 from packer.writers.recordio import RecordIOShardWriter, RecordTooLargeForShardError
-from readers import handles
 from readers.formats.recordio import header_label
+from readers.io import handles
 from tests.conftest import write_tree
 from tests.readers.test_recordio_dataset import (
     MAGIC,

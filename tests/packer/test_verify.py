@@ -17,8 +17,9 @@ import pytest
 from packer.build import build
 from packer.config import BuildConfig
 from packer.verify import verify
-from readers import handles, open_dataset
+from readers import open_dataset
 from readers.formats import REGISTRY
+from readers.io import handles
 from readers.meta import load_meta
 from tests.conftest import Packed
 from tests.readers.test_lmdb_dataset import write_bare_lmdb

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from readers import open_dataset
-from readers.hints import (
+from readers import ShardStream, open_dataset
+from readers.io.hints import (
     CHUNK_BYTES,
     DEFAULT_CHUNK_SIZE,
     MAX_CHUNK_SIZE,
@@ -157,6 +157,23 @@ def test_resume_refuses_another_chunk_size() -> None:
     old = sampler(ds, seed=1, world_size=2, chunk_size=DEFAULT_CHUNK_SIZE).state_dict()
     with pytest.raises(ValueError, match=f"chunk_size: saved 64, now {cs}"):
         sampler(ds, seed=1, world_size=2).load_state_dict(old)
+
+
+def test_stream_takes_the_samplers_default_chunk_and_records_it() -> None:
+    ds = SizedRecords(np.full(3_000, 5_000))
+    stream = ShardStream(ds, seed=1, rank=0, world_size=1)
+    cs = stream.chunk_size
+    assert cs == sampler(ds).chunk_size == CHUNK_BYTES // 5_000
+    assert stream.shuffle_buffer == DEFAULT_WINDOW * cs  # 8 chunks, about 8 MiB
+    state = stream.state_dict(consumed_samples=10)
+    assert state["chunk_size"] == cs
+    ShardStream(ds, seed=1, rank=0, world_size=1).load_state_dict(state)  # resolves the same
+    other = ShardStream(ds, seed=1, rank=0, world_size=1, chunk_size=64, shuffle_buffer=8 * cs)
+    with pytest.raises(ValueError, match=f"chunk_size: saved {cs}, now 64"):
+        other.load_state_dict(state)
+    large = ShardStream(SizedRecords(np.full(100, 1 << 20)), rank=0, world_size=1)
+    assert (large.chunk_size, large.shuffle_buffer) == (DEFAULT_CHUNK_SIZE, 512)
+    assert ShardStream(ds, rank=0, world_size=1, shuffle=False).shuffle_buffer == 1
 
 
 @pytest.mark.parametrize("record", [10, 3_000, 5_000, 100_000, 1 << 20, 8 << 20])

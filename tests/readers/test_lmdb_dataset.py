@@ -10,8 +10,9 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from readers import LmdbDataset, handles, open_dataset
+from readers import LmdbDataset, open_dataset
 from readers.errors import DatasetFormatError, RecordError
+from readers.io import handles
 from tests.conftest import write_tree
 
 

@@ -12,8 +12,9 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from readers import ChunkShuffleSampler, handles, open_dataset
+from readers import ChunkShuffleSampler, open_dataset
 from readers.formats import FORMATS
+from readers.io import handles
 from tests.conftest import encode, write_tree
 
 

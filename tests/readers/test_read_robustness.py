@@ -26,10 +26,11 @@ from hypothesis import strategies as st
 from packer.build import build
 from packer.config import BuildConfig
 from packer.verify import verify
-from readers import LmdbDataset, RecordIODataset, handles, open_dataset
+from readers import LmdbDataset, RecordIODataset, open_dataset
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats import FORMATS, REGISTRY
 from readers.index import load_index, load_meta
+from readers.io import handles
 
 SHAPE = (12, 10, 3)
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +209,8 @@ WORKER_SCRIPT = textwrap.dedent(
         return [zlib.crc32(np.ascontiguousarray(image).tobytes()), int(label)]
 
     def read_twice(args):
-        from readers import handles, open_dataset
+        from readers import open_dataset
+        from readers.io import handles
         path, ids = args
         first, second = open_dataset(path), open_dataset(path)
         out = []

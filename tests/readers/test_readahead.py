@@ -16,14 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from readers import handles, open_dataset
+from readers import open_dataset
 from readers.formats import FORMATS
-from readers.readahead import (
+from readers.io import handles
+from readers.io.readahead import (
     FileAhead,
     SequentialDetector,
     coalesce,
-    detector_for,
     hint_piece,
+    make_detector,
     one_at_a_time,
     willneed,
 )
@@ -80,14 +81,14 @@ def test_hints_keep_ahead_until_the_end_of_a_long_run() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_random_order_is_never_hinted(seed: int) -> None:
     ids = np.random.default_rng(seed).permutation(100_000)
-    d = detector_for(5_000.0)  # the defaults: 5 KB records
+    d = make_detector(5_000.0)  # the defaults: 5 KB records
     assert run(d, ids.tolist()) == []
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_random_order_of_a_small_dataset_is_hardly_hinted(seed: int) -> None:
     ids = np.random.default_rng(seed).permutation(8_813).tolist()
-    hints = run(detector_for(5_400.0), ids * 3)
+    hints = run(make_detector(5_400.0), ids * 3)
     assert len(hints) <= 1
 
 
@@ -161,10 +162,10 @@ def test_bad_parameters() -> None:
 
 
 def test_detector_windows_follow_the_record_size() -> None:
-    d = detector_for(5_000.0)
+    d = make_detector(5_000.0)
     assert d.first_window == (512 << 10) // 5_000
     assert d.max_window == (32 << 20) // 5_000
-    big = detector_for(10e6)  # 10 MB records: still a few ids
+    big = make_detector(10e6)  # 10 MB records: still a few ids
     assert big.first_window >= 8
     assert big.max_gap >= 64
 

@@ -15,9 +15,10 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from readers import RecordIODataset, handles, open_dataset
+from readers import RecordIODataset, open_dataset
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.recordio import find_recordio_pair
+from readers.io import handles
 from tests.conftest import encode
 
 # --------------------------------------------------------------------------------------------

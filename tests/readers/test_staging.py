@@ -20,9 +20,10 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
-from readers import ShardStream, handles, open_dataset
+from readers import ShardStream, open_dataset
 from readers.formats import FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
+from readers.io import handles
 from readers.staging import Stager, StagingError, parse_size, release, stage
 from readers.staging.files import TMP_MARK
 from tests.conftest import encode, make_image, write_tree

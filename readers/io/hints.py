@@ -20,7 +20,9 @@ __all__ = [
     "PREFETCH_BYTES",
     "ChunkHints",
     "lookahead_samples",
+    "mean_record_bytes",
     "resolve_chunk_size",
+    "stored_sizes",
 ]
 
 PREFETCH_BYTES = 32 << 20
@@ -39,24 +41,40 @@ MAX_CHUNK_SIZE = 4096
 Prefetch = Callable[[int, int], Any]
 
 
+def stored_sizes(dataset: Any, ids: IntArray | None = None) -> tuple[int, int] | None:
+    """``(total bytes, samples)`` stored for the selected samples (``ids``; None: all) by
+    ``dataset.index.nbytes``, in integers so that every rank and process agrees; None when
+    the dataset has no such index (or one of another length), or nothing is selected."""
+    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
+    if nbytes is None or len(nbytes) != len(dataset):
+        return None
+    sizes = np.asarray(nbytes) if ids is None else np.asarray(nbytes)[ids]
+    if sizes.size == 0:
+        return None
+    return int(sizes.sum(dtype=np.int64)), int(sizes.size)
+
+
+def mean_record_bytes(dataset: Any, default: float) -> float:
+    """The mean stored size of `dataset`'s records (at least 1), or `default` without one."""
+    found = stored_sizes(dataset)
+    return default if found is None else max(1.0, found[0] / found[1])
+
+
 def resolve_chunk_size(dataset: Any, chunk_size: int | None, ids: IntArray | None) -> int:
     """Samples per chunk: ``chunk_size`` itself when given, else about ``CHUNK_BYTES`` of them.
 
     The default counts the mean stored size of the selected samples (``ids``; None: all) in
-    ``dataset.index.nbytes``, in integers so that every rank and process gets the same value,
-    and keeps it within ``[DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE]``. A dataset without that index
-    (or an index of another length) gets ``DEFAULT_CHUNK_SIZE``.
+    ``dataset.index.nbytes`` (`stored_sizes`), and keeps it within
+    ``[DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE]``. A dataset without that index (or an index of
+    another length) gets ``DEFAULT_CHUNK_SIZE``.
     """
     if chunk_size is not None:
         return int(chunk_size)
-    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
-    if nbytes is None or len(nbytes) != len(dataset):
+    found = stored_sizes(dataset, ids)
+    if found is None or found[0] <= 0:
         return DEFAULT_CHUNK_SIZE
-    sizes = np.asarray(nbytes) if ids is None else np.asarray(nbytes)[ids]
-    total = int(sizes.sum(dtype=np.int64))
-    if sizes.size == 0 or total <= 0:
-        return DEFAULT_CHUNK_SIZE
-    per_chunk = CHUNK_BYTES * int(sizes.size) // total  # CHUNK_BYTES / mean size
+    total, count = found
+    per_chunk = CHUNK_BYTES * count // total  # CHUNK_BYTES / mean size
     return min(MAX_CHUNK_SIZE, max(DEFAULT_CHUNK_SIZE, per_chunk))
 
 
@@ -70,9 +88,8 @@ def lookahead_samples(dataset: Any, *, chunk_size: int, window: int) -> int:
     chunks (``CHUNK_BYTES``) a block of 8 is about 8 MiB, under the cap.
     """
     ahead = chunk_size * max(1, window)
-    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
-    if nbytes is not None and len(nbytes):
-        per_sample = max(1.0, float(np.mean(nbytes)))
+    if stored_sizes(dataset) is not None:
+        per_sample = mean_record_bytes(dataset, 1.0)
         ahead = min(ahead, max(chunk_size, int(PREFETCH_BYTES / per_sample)))
     return ahead
 

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from readers import handles
+from readers.io import handles
+from readers.io.hints import mean_record_bytes
 
 try:
     import fcntl
@@ -149,15 +150,7 @@ class SequentialDetector:
         return start, stop
 
 
-def record_bytes(dataset: Any) -> float:
-    """The mean stored size of `dataset`'s records (``index.nbytes``), or a default."""
-    nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
-    if nbytes is not None and len(nbytes):
-        return max(1.0, float(np.mean(nbytes)))
-    return float(DEFAULT_RECORD_BYTES)
-
-
-def detector_for(mean_bytes: float) -> SequentialDetector:
+def make_detector(mean_bytes: float) -> SequentialDetector:
     """A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`."""
 
     def ids(nbytes: int, least: int) -> int:
@@ -207,7 +200,7 @@ class Readahead:
         try:
             self._this_process()
             if self._detector is None:
-                self._detector = detector_for(record_bytes(dataset))
+                self._detector = make_detector(mean_record_bytes(dataset, DEFAULT_RECORD_BYTES))
             if any(lo <= i < hi for lo, hi in self._explicit):
                 return
             found = self._detector.observe(i)

@@ -1,0 +1,144 @@
+"""What the samplers and ``ShardStream`` share: the rank and world size they split an order
+over, the epoch ``set_epoch`` chooses, a rank's length, and the parameters a resume state
+records (no paddle import unless the rank is left to ``paddle.distributed``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from readers.order import IntArray, check_nonneg, rank_share, rank_span
+from readers.resume import fingerprint
+
+__all__ = ["DEFAULT_WINDOW", "RankedEpochs", "check_rank"]
+
+DEFAULT_WINDOW = 8
+"""Chunks per shuffle block of the samplers, and chunks per default shuffle buffer of
+``ShardStream``: samples are mixed across this many chunks."""
+
+
+def check_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``, from ``paddle.distributed`` where not given, validated."""
+    if rank is None or world_size is None:
+        import paddle.distributed as dist  # lazy: importing paddle is slow
+
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    check_nonneg("world_size", world_size, 1)
+    check_nonneg("rank", rank)
+    if rank >= world_size:
+        raise ValueError(f"rank must be < world_size, got rank={rank} world_size={world_size}")
+    return int(rank), int(world_size)
+
+
+class RankedEpochs:
+    """An order of ``num_ordered`` samples split over ranks, one epoch at a time.
+
+    The shared part of a sampler and a stream: ``epoch``, ``rank``, ``world_size``, this
+    rank's length, ``set_epoch`` (which never runs inside ``__iter__``) and the parameters
+    every resume state records. Subclasses call `_setup_epochs` in their constructor and
+    extend `_order_params` and `_start_epoch`.
+    """
+
+    _rank: int
+    _world_size: int
+    _seed: int
+    _chunk_size: int
+    _shuffle: bool
+    _drop_last: bool
+    _num_ordered: int
+    _epoch: int
+    _fingerprint: int | None
+
+    def _setup_epochs(
+        self,
+        *,
+        rank: int | None,
+        world_size: int | None,
+        seed: int,
+        chunk_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        num_ordered: int,
+    ) -> None:
+        check_nonneg("seed", seed)
+        self._rank, self._world_size = check_rank(rank, world_size)
+        self._seed = int(seed)
+        self._chunk_size = int(chunk_size)
+        self._shuffle = bool(shuffle)
+        self._drop_last = bool(drop_last)
+        self._num_ordered = int(num_ordered)
+        self._epoch = 0
+        self._fingerprint = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass yields (chosen by ``set_epoch``)."""
+        return self._epoch
+
+    @property
+    def rank(self) -> int:
+        """This rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks the order is split over."""
+        return self._world_size
+
+    @property
+    def chunk_size(self) -> int:
+        """Samples per chunk: the ``chunk_size`` given, or the one chosen by stored bytes."""
+        return self._chunk_size
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (every rank the same)."""
+        start, stop = rank_span(
+            self._num_ordered,
+            rank=self._rank,
+            world_size=self._world_size,
+            drop_last=self._drop_last,
+        )
+        return stop - start
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next pass yields; a new epoch starts at 0."""
+        check_nonneg("epoch", epoch)
+        if int(epoch) != self._epoch:
+            self._epoch = int(epoch)
+            self._start_epoch()
+
+    def _rank_share(
+        self, bounds: IntArray, *, epoch: int, window: int, ids: IntArray | None = None
+    ) -> IntArray:
+        """This rank's share of the global order of `epoch` (``readers.order.rank_share``)."""
+        return rank_share(
+            bounds,
+            chunk_size=self._chunk_size,
+            window=window,
+            seed=self._seed,
+            epoch=epoch,
+            rank=self._rank,
+            world_size=self._world_size,
+            drop_last=self._drop_last,
+            shuffle=self._shuffle,
+            ids=ids,
+        )
+
+    def _start_epoch(self) -> None:
+        """Forget the resume point of the previous epoch (`set_epoch` chose another)."""
+
+    def _layout_crc32(self, *layout: IntArray | None) -> int:
+        """A CRC-32 of the `layout` arrays (shard bounds, selection), computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(*layout)
+        return self._fingerprint
+
+    def _order_params(self) -> dict[str, Any]:
+        """The order parameters every resume state records and checks on load."""
+        return {
+            "seed": self._seed,
+            "chunk_size": self._chunk_size,
+            "shuffle": self._shuffle,
+            "drop_last": self._drop_last,
+            "world_size": self._world_size,
+        }
