@@ -158,8 +158,8 @@ def check_output(cfg: BuildConfig, *, build_dir: Path) -> None:
             or a label or class-map file lies inside OUT or the build directory.
         NotADatasetError: ``--overwrite`` onto something other than a packer dataset.
     """
-    _check_name(cfg.out)
     _check_apart(cfg.src, cfg.out, build_dir)
+    _check_name(cfg.out)
     _check_inputs_outside(cfg, build_dir)
     if cfg.overwrite:
         check_replaceable(cfg.out)

@@ -195,7 +195,7 @@ def test_existing_out_is_refused_unless_overwrite(tree, tmp_path):
         build(BuildConfig(src=src, out=out))
     assert (out / "precious").read_text() == "keep"
     # issue 21: --overwrite replaces only a packer dataset, never a directory of other files
-    with pytest.raises(NotADatasetError, match="holds no meta.json"):
+    with pytest.raises(NotADatasetError, match=r"holds no meta\.json"):
         build(BuildConfig(src=src, out=out, overwrite=True))
     assert (out / "precious").read_text() == "keep"
     (out / "precious").unlink()
