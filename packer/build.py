@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -19,7 +18,6 @@ from packer import __version__
 from packer.config import BuildConfig
 from packer.engines import EngineError
 from packer.errors import (
-    BuildLockedError,
     DiskFullError,
     InputError,
     OutputExistsError,
@@ -28,6 +26,7 @@ from packer.errors import (
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
+from packer.output import build_lock, check_output, check_replaceable, prepare_parent
 from packer.plan import (
     MERGING_NAME,
     PLAN_NAME,
@@ -105,6 +104,7 @@ def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise OutputExistsError(str(out))
+        check_replaceable(out)  # again: OUT may have changed while the build ran
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.rename(out, old)
         os.rename(tmp, out)
@@ -222,40 +222,20 @@ def _early_pool(cfg: BuildConfig) -> Iterator[Any | None]:
     stop_pool(pool)
 
 
-@contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """Hold a lock that makes a second build of the same OUT fail at once instead of mixing
-    its shards into the first one's build directory."""
-    lock_path = out.parent / f".{out.name}.lock"
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            raise BuildLockedError(str(out), holder) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}")
-        lock.flush()
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                lock_path.unlink()
-
-
 def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
     """Pack ``cfg.src`` into ``cfg.out``; the output appears under its name only when complete.
 
-    Only one build of a given OUT runs at a time: a second one fails at once.
+    Only one build of a given OUT runs at a time: a second one fails at once. OUT is checked
+    against SRC, the label files and ``--overwrite`` before anything is written or removed.
 
     Raises:
         BuildLockedError: another build of the same OUT is running.
+        UnsafeOutputError, NotADatasetError, OutputParentError: see `packer.output`.
         PackerError: see `_build`.
     """
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(cfg.out), _early_pool(cfg) as pool:
+    check_output(cfg, build_dir=temp_dir_for(cfg.out))
+    prepare_parent(cfg.out)
+    with build_lock(cfg.out), _early_pool(cfg) as pool:
         return _build(cfg, log=log, pool=pool)
 
 

@@ -105,7 +105,12 @@ def build(
         str,
         typer.Option(help="skip: list bad inputs in errors.jsonl and go on; fail: stop."),
     ] = "skip",
-    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Replace OUT if it exists and is a dataset packer built (or an empty directory)."
+        ),
+    ] = False,
     resume: Annotated[
         bool,
         typer.Option(

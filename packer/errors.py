@@ -53,3 +53,31 @@ class BuildLockedError(PackerError):
             f"{out} is being built by {holder} right now; wait for it to finish (two builds of "
             "one OUT would write into the same build directory)"
         )
+
+
+class UnsafeOutputError(PackerError):
+    """OUT overlaps an input: SRC, a label file, or the build directory next to OUT."""
+
+
+class NotADatasetError(PackerError):
+    """``--overwrite`` was asked to replace something that is not a dataset packer built."""
+
+    def __init__(self, out: str, found: str, fix: str | None = None) -> None:
+        fix = fix or f"remove {out} yourself if it should go, or choose another OUT"
+        super().__init__(
+            f"{out} {found}; --overwrite replaces only a dataset written by packer (a directory "
+            f"with packer's meta.json) or an empty directory: {fix}"
+        )
+        self.out = out
+
+
+class OutputParentError(PackerError):
+    """OUT's parent directory is missing and cannot be made, is not a directory, or is not
+    writable."""
+
+    def __init__(self, out: str, problem: str) -> None:
+        super().__init__(
+            f"cannot write OUT {out}: {problem}; choose an OUT in a writable directory, or fix "
+            "that directory"
+        )
+        self.out = out

@@ -8,25 +8,36 @@ from typing import Any
 
 import numpy as np
 
+from packer.metadata import class_names, meta_problems, shard_disk_bytes
+from readers.formats.layout import META_NAME
 from readers.index import load_index
 
 
 def describe(path: str | Path) -> dict[str, Any]:
-    """A JSON-able summary of the dataset at `path`."""
+    """A JSON-able summary of the dataset at `path`.
+
+    Sizes and class names that meta.json gives in an unusable form are shown as unknown
+    (``None``) and listed in ``meta_problems``, each naming the field.
+
+    Raises:
+        ReaderError: the dataset cannot be opened (the message names the file and field).
+    """
     index = load_index(path, extra=("width", "height", "channels", "format"))
     meta = index.meta
     n = len(index)
+    disk = [shard_disk_bytes(s) for s in meta["shards"]]
     summary: dict[str, Any] = {
         "path": str(path),
         "format": meta["format"],
         "num_samples": n,
         "num_shards": len(index.shard_names),
         "payload_bytes": int(index.nbytes.sum()),
-        "disk_bytes": sum(int(s.get("file_bytes", s.get("bytes", 0))) for s in meta["shards"]),
+        "disk_bytes": None if None in disk else sum(d or 0 for d in disk),
         "label_source": meta.get("label_source"),
         "num_errors": meta.get("num_errors"),
         "created": meta.get("created"),
         "shards": meta["shards"],
+        "meta_problems": [f"{Path(path) / META_NAME}: {p}" for p in meta_problems(meta)],
     }
     if n:
         width, height = index.extra["width"], index.extra["height"]
@@ -34,7 +45,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         summary["height"] = [int(height.min()), int(height.max())]
         summary["channels"] = dict(sorted(Counter(map(int, index.extra["channels"])).items()))
         summary["image_formats"] = dict(sorted(Counter(index.extra["format"].to_pylist()).items()))
-    classes = meta.get("classes")
+    classes = class_names(meta)
     ints = index.labels.as_ints()
     if ints is not None:
         values, counts = np.unique(ints, return_counts=True)
@@ -56,8 +67,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"{s['path']}: {s['format']} dataset, {s['num_samples']} samples in "
         f"{s['num_shards']} shard{'s' if s['num_shards'] != 1 else ''}",
-        f"  bytes:    {s['payload_bytes'] / 1e6:.1f} MB of images, {s['disk_bytes'] / 1e6:.1f} MB "
-        "on disk",
+        f"  bytes:    {s['payload_bytes'] / 1e6:.1f} MB of images, {_mb(s['disk_bytes'])} on disk",
     ]
     if s["num_samples"]:
         lines.append(
@@ -80,6 +90,13 @@ def format_summary(s: dict[str, Any]) -> str:
     for shard in s["shards"]:
         lines.append(
             f"    {shard['name']}  ids {shard['first']}..{shard['first'] + shard['count'] - 1}"
-            f"  {shard['count']} samples  {shard.get('file_bytes', shard['bytes']) / 1e6:.1f} MB"
+            f"  {shard['count']} samples  {_mb(shard_disk_bytes(shard))}"
         )
+    if s["meta_problems"]:
+        lines.append("  problems (shown as unknown above; packer verify checks the rest):")
+        lines.extend(f"    {p}" for p in s["meta_problems"])
     return "\n".join(lines)
+
+
+def _mb(nbytes: int | None) -> str:
+    return "? MB" if nbytes is None else f"{nbytes / 1e6:.1f} MB"

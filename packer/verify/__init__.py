@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from packer.metadata import meta_problems
 from packer.verify.common import Report, Rows, check_shard_table, shard_rows
 from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
@@ -28,6 +29,8 @@ def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
     except DatasetFormatError as exc:
         report(str(exc))
         return
+    for problem in meta_problems(meta):
+        report(f"{META_NAME}: {problem}")
     fmt = get_pack_format(meta["format"])
     if fmt is None:
         report(f"{META_NAME}: format {meta['format']!r} cannot be verified by this version")

@@ -30,6 +30,7 @@ from readers.formats.recordio import (
     read_record_at,
     unpack_image_record,
 )
+from readers.meta import is_int
 
 
 def _header_label_problem(
@@ -84,7 +85,8 @@ class _RecShardCheck:
             )
         if self.buf is not None and self.keys is not None:
             on_disk = len(self.buf) + self.idx.stat().st_size
-            if "file_bytes" in info and on_disk != int(info["file_bytes"]):
+            recorded = info.get("file_bytes")  # malformed: reported with meta.json's fields
+            if is_int(recorded) and on_disk != recorded:
                 report(
                     f"{self.name}: {self.rec.name} and {self.idx.name} hold {on_disk} bytes, "
                     f"{META_NAME} says {info['file_bytes']} (cut short or appended to?)"

@@ -22,6 +22,7 @@ from packer.errors import (
     ConfigError,
     DiskFullError,
     InputError,
+    NotADatasetError,
     OutputExistsError,
     PackerError,
 )
@@ -193,8 +194,15 @@ def test_existing_out_is_refused_unless_overwrite(tree, tmp_path):
     with pytest.raises(OutputExistsError, match="--overwrite"):
         build(BuildConfig(src=src, out=out))
     assert (out / "precious").read_text() == "keep"
+    # issue 21: --overwrite replaces only a packer dataset, never a directory of other files
+    with pytest.raises(NotADatasetError, match=r"holds no meta\.json"):
+        build(BuildConfig(src=src, out=out, overwrite=True))
+    assert (out / "precious").read_text() == "keep"
+    (out / "precious").unlink()
+    build(BuildConfig(src=src, out=out, overwrite=True))  # an empty directory may go
+    (out / "stale").write_text("from the old build")
     build(BuildConfig(src=src, out=out, overwrite=True))
-    assert not (out / "precious").exists()
+    assert not (out / "stale").exists()
     assert len(rows(out)) == len(files)
     assert not any(p.name.startswith(".out.") for p in tmp_path.iterdir())
 
