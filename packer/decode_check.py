@@ -101,9 +101,11 @@ def _decoder_messages() -> Iterator[list[str]]:
             os.dup2(saved, 2)
             os.close(saved)
             size = os.lseek(scratch, 0, os.SEEK_CUR)
-            text = os.pread(scratch, size, 0).decode("utf-8", "replace") if size else ""
-            os.ftruncate(scratch, 0)
-            os.lseek(scratch, 0, os.SEEK_SET)
+            text = ""
+            if size:  # nearly always 0: nothing more to do
+                text = os.pread(scratch, size, 0).decode("utf-8", "replace")
+                os.ftruncate(scratch, 0)
+                os.lseek(scratch, 0, os.SEEK_SET)
             other = []
             for line in text.splitlines(keepends=True):
                 message = line.strip()
