@@ -4,6 +4,7 @@ task of one shard needs (what an engine sends to a pool process or a Ray task)."
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ class ShardSettings:
     on_error: str  # skip | fail
     decode_check: bool
     transform: Transform
+    src: str  # SRC as an absolute path: no source is read from outside it
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class BuildJob:
     def settings(self) -> ShardSettings:
         """What each shard task needs of the config."""
         cfg = self.cfg
-        return ShardSettings(cfg.format, cfg.on_error, cfg.decode_check, cfg.transform)
+        src = os.path.abspath(cfg.src)
+        return ShardSettings(cfg.format, cfg.on_error, cfg.decode_check, cfg.transform, src)
 
     @property
     def todo(self) -> list[ShardPlan]:

@@ -37,14 +37,13 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from packer import problems as P
+from packer.decode_check import Decoded, decode_source
 from packer.job import ShardSettings
 from packer.probe import exif_orientation, image_size, is_truncated, probe_header
 from packer.problems import Note, Problem
 from packer.records import Entry, Record
-from packer.source import read_all, read_source
+from packer.source import open_source, read_all, read_source
 from packer.transform import Transform, apply_orientation, apply_transform
 from packer.writers.part import IndexRow, make_index_row
 from readers.formats.images import SNIFF_BYTES, sniff_format
@@ -78,17 +77,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _decode_unchanged(data: bytes) -> np.ndarray | None:
-    import cv2  # imported where images are decoded: a build's main process may never need it
-
-    try:
-        return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-    except cv2.error:  # OpenCV raises for some malformed headers instead of returning None
-        return None
+def _decode_unchanged(data: bytes) -> Decoded:
+    """`data` decoded as stored (`packer.decode_check`), sniffed again for its format."""
+    return decode_source(data, sniff_format(data[:SNIFF_BYTES]) or "image")
 
 
-def _notes(rel: str, fmt: str, orientation: int | None, *, transformed: bool) -> tuple[Note, ...]:
-    notes = []
+def _notes(
+    rel: str,
+    fmt: str,
+    orientation: int | None,
+    *,
+    transformed: bool,
+    warnings: tuple[str, ...] = (),
+) -> tuple[Note, ...]:
+    notes = [
+        Note(rel, P.DECODE_WARNING, f"the {fmt.upper()} decoder warned: {w}; the image is whole")
+        for w in warnings
+    ]
     named = EXTENSION_FORMATS.get(os.path.splitext(rel)[1].lower())
     if named is not None and named != fmt:
         notes.append(
@@ -126,6 +131,7 @@ def prepare_record(
     *,
     decode_check: bool = True,
     transform: Transform | None = None,
+    root: str | None = None,
 ) -> Record | Problem:
     """Read `path`, check it is an image we can store, and describe it.
 
@@ -136,7 +142,7 @@ def prepare_record(
     whose header gives more than ``transform.max_pixels`` pixels is refused undecoded; the
     policies for unusual images are in this module's docstring.
     """
-    data = read_source(path, rel)
+    data = read_source(path, rel, root=root)
     if isinstance(data, Problem):
         return data
     fmt = sniff_format(data[:SNIFF_BYTES])
@@ -159,11 +165,12 @@ def prepare_record(
             )
     # OpenCV's IMREAD_UNCHANGED ignores the orientation of these formats (and applies TIFF's)
     orientation = exif_orientation(data, fmt) if fmt in _ORIENTED_FORMATS else None
-    notes = _notes(rel, fmt, orientation, transformed=not t.identity)
     if not t.identity:
-        image = _decode_unchanged(data)
-        if image is None:
-            return Problem(rel, P.UNDECODABLE, f"looks like {fmt.upper()} but does not decode")
+        decoded = _decode_unchanged(data)
+        if decoded.image is None:
+            return Problem(rel, P.UNDECODABLE, decoded.problem)
+        image = decoded.image
+        notes = _notes(rel, fmt, orientation, transformed=True, warnings=decoded.warnings)
         if orientation is not None:  # re-encoding drops the tag: store the pixels upright
             image = apply_orientation(image, orientation)
         stored, stored_fmt, pixels = apply_transform(image, fmt, t)
@@ -180,12 +187,15 @@ def prepare_record(
             notes,
         )
     dims = None if decode_check else probe_header(data, fmt)
+    warnings: tuple[str, ...] = ()
     if dims is None:
-        image = _decode_unchanged(data)
-        if image is None:
-            return Problem(rel, P.UNDECODABLE, f"looks like {fmt.upper()} but does not decode")
+        decoded = _decode_unchanged(data)
+        if decoded.image is None:
+            return Problem(rel, P.UNDECODABLE, decoded.problem)
+        image, warnings = decoded.image, decoded.warnings
         channels = 1 if image.ndim == 2 else int(image.shape[2])
         dims = (int(image.shape[1]), int(image.shape[0]), channels)
+    notes = _notes(rel, fmt, orientation, transformed=False, warnings=warnings)
     width, height, channels = dims
     return Record(rel, label, data, fmt, width, height, channels, zlib.crc32(data), notes)
 
@@ -211,6 +221,7 @@ def prepare_entries(
     stays bounded whatever the tree size, and results come back in order, so the output is
     identical for any number of processes.
     """
+    root = os.path.realpath(settings.src)
     if pool is None:
         for e in entries:
             item = prepare_record(
@@ -219,6 +230,7 @@ def prepare_entries(
                 e.label,
                 decode_check=settings.decode_check,
                 transform=settings.transform,
+                root=root,
             )
             yield item, None
         return
@@ -230,10 +242,10 @@ def prepare_entries(
     def collect() -> Iterator[Prepared]:
         result, batch = pending.popleft()
         for (item, row), (_, path, _) in zip(result.get(), batch, strict=True):
-            yield restore_bytes(item, path), row
+            yield restore_bytes(item, path, root=root), row
 
     for batch in batches:
-        args = (batch, settings.decode_check, settings.transform, strip)
+        args = (batch, settings.decode_check, settings.transform, strip, root)
         pending.append((pool.apply_async(_prepare_batch, args), batch))
         if len(pending) >= in_flight:
             yield from collect()
@@ -251,12 +263,15 @@ def _prepare_batch(
     decode_check: bool,
     transform: Transform,
     strip: bool = False,
+    root: str | None = None,
 ) -> list[Prepared]:
     """In a pool process: each image prepared, with its index row (encoded here, not in the
     writing process); with `strip`, without the bytes (the writer reads them again)."""
     results: list[Prepared] = []
     for rel, path, label in batch:
-        item = prepare_record(rel, path, label, decode_check=decode_check, transform=transform)
+        item = prepare_record(
+            rel, path, label, decode_check=decode_check, transform=transform, root=root
+        )
         if isinstance(item, Record):
             row = make_index_row(item)
             results.append((_with_data(item, b"") if strip else item, row))
@@ -265,7 +280,9 @@ def _prepare_batch(
     return results
 
 
-def restore_bytes(item: Record | Problem, path: str) -> Record | Problem:
+def restore_bytes(
+    item: Record | Problem, path: str, *, root: str | None = None
+) -> Record | Problem:
     """A record whose bytes a pool process left out gets them again, from the page cache.
 
     Sending every image through a pipe cost more than reading it twice: with the bytes
@@ -274,14 +291,17 @@ def restore_bytes(item: Record | Problem, path: str) -> Record | Problem:
     """
     if not isinstance(item, Record) or item.data:
         return item
+    fd = open_source(path, item.rel, root=root)  # as the worker opened it (within SRC)
+    if isinstance(fd, Problem):
+        if fd.reason == P.OUTSIDE_SRC:
+            return fd
+        return Problem(item.rel, P.CHANGED, f"cannot be read again after its check ({fd.message})")
     try:  # a plain read: the worker already vetted the file (regular, readable, an image)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            got = read_all(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
+        got = read_all(fd, os.fstat(fd).st_size)
     except OSError as exc:
         return Problem(item.rel, P.CHANGED, f"cannot be read again after its check ({exc})")
+    finally:
+        os.close(fd)
     if zlib.crc32(got) != item.crc32:
         return Problem(item.rel, P.CHANGED, "changed between its check and its packing")
     return _with_data(item, got)

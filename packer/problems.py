@@ -34,8 +34,9 @@ NO_LABEL_MESSAGE = "an image outside every class folder (labels from dirname)"
 EXTENSION_MISMATCH = "extension_mismatch"  # content is another image format than the name says
 EXIF_ORIENTATION = "exif_orientation"  # an EXIF orientation other than 1 (see packer/prepare.py)
 NAME_COLLISION = "name_collision"  # same path as another one when case/Unicode form is ignored
+DECODE_WARNING = "decode_warning"  # the decoder warned, the image is whole (decode_check.py)
 
-NOTE_REASONS = frozenset({EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION})
+NOTE_REASONS = frozenset({EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION, DECODE_WARNING})
 
 # The file of a packed dataset that lists the notes: readers.formats.layout.WARNINGS_NAME.
 

@@ -77,6 +77,15 @@ def test_the_engines_and_the_shard_task_do_not_import_the_build() -> None:
         assert "packer.build" not in graph[module], module
 
 
+def test_the_config_and_the_shard_task_import_only_what_they_use() -> None:
+    graph = _graph()
+    assert not {
+        d for d in graph["packer.config"] if d.startswith(("packer.engines", "packer.prepare"))
+    }
+    assert not {d for d in graph["packer.task"] if d.startswith("packer.labels")}
+    assert "packer.encode" not in graph  # renamed after what it does: packer.prepare
+
+
 @pytest.mark.parametrize(
     ("graph", "cycle"),
     [({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]), ({"a": {"b"}, "b": set()}, None)],

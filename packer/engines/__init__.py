@@ -1,10 +1,11 @@
 """Build engines: what writes the planned shards of a build (this process, or a Ray cluster).
 
-An engine gets the build directory, the label plan's entries, the shard plan and the shards
-already finished there (``--resume``), and must leave every other planned shard finished:
-its files plus the side files and completion marker of a `ShardPart`, written by the shard
-task (`packer.task`).  Numbering, merging, meta.json and publishing are the same code for
-every engine, so every engine gives the same dataset.
+An engine gets a `packer.job.BuildJob` (the build directory, the label plan's entries, the
+shard plan and the shards already finished there by ``--resume``) and must leave every other
+planned shard finished: its files plus the side files and completion marker of a `ShardPart`,
+written by the shard task (`packer.task`), which gets the job's `ShardSettings`.  Numbering,
+merging, meta.json and publishing are the same code for every engine, so every engine gives
+the same dataset.
 
 - ``local`` (`packer.engines.local`): the shard task (`packer.task`) in this process fed
   by a process pool, or, with several shards and workers, in each pool process for a shard.

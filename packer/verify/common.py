@@ -108,29 +108,45 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, int]:
+    """The stored bytes decoded as readers do: ``(width, height, channels)`` as stored
+    (``decode="unchanged"``), or why they do not decode, as stored or with the default
+    ``decode="rgb"`` that a reader uses unless told otherwise."""
+    dims = None
+    for mode in ("unchanged", "rgb"):
+        try:
+            image = decode_sample(
+                data,
+                mode,
+                stored=str(row.get("format") or ""),
+                height=_int(row.get("height")),
+                width=_int(row.get("width")),
+                channels=_int(row.get("channels")),
+            )
+        except (ValueError, cv2.error):
+            if dims is None:
+                return "does not decode"
+            return 'does not decode as readers decode by default (decode="rgb")'
+        if dims is None:
+            dims = (int(image.shape[1]), int(image.shape[0]), int(image.shape[2]))
+    assert dims is not None
+    return dims
+
+
 def decoded_dims(data: bytes, row: dict[str, Any] | None = None) -> tuple[int, int, int] | None:
     """``(width, height, channels)`` of the stored bytes decoded the way readers decode them
-    (raw pixels by the index row's dimensions), or None when they do not decode."""
-    row = row or {}
-    try:
-        image = decode_sample(
-            data,
-            "unchanged",
-            stored=str(row.get("format") or ""),
-            height=_int(row.get("height")),
-            width=_int(row.get("width")),
-            channels=_int(row.get("channels")),
-        )
-    except (ValueError, cv2.error):
-        return None
-    return int(image.shape[1]), int(image.shape[0]), int(image.shape[2])
+    (raw pixels by the index row's dimensions), or None when they do not decode, as stored
+    or with the default ``decode="rgb"``."""
+    found = _decode_failure(data, row or {})
+    return None if isinstance(found, str) else found
 
 
 def check_decode(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
-    """The stored bytes decode (``--deep``), to the size the index row gives."""
-    dims = decoded_dims(data, row)
-    if dims is None:
-        report(f"{where}: does not decode")
+    """The stored bytes decode (``--deep``) as readers decode them (stored, and with the
+    default ``decode="rgb"``), to the size the index row gives."""
+    dims = _decode_failure(data, row)
+    if isinstance(dims, str):
+        report(f"{where}: {dims}")
     elif dims != (row.get("width"), row.get("height"), row.get("channels")):
         report(
             f"{where}: decodes to {dims[0]}x{dims[1]}x{dims[2]}, the index says "
