@@ -13,3 +13,15 @@ class DatasetFormatError(ReaderError):
 
 class RecordError(ReaderError):
     """One record could not be read or decoded."""
+
+
+class DatasetRebuiltError(ReaderError):
+    """A shard is not of the build a reader opened: the dataset was rebuilt (or appended to)
+    since. Never skipped by ``on_error="skip"``: every later read would be of the new build."""
+
+    def __init__(self, root: str, what: str) -> None:
+        super().__init__(
+            f"{root} was rebuilt after this dataset was opened ({what}); its index no longer "
+            "matches the shards, so reading on would return other images; reopen it"
+        )
+        self.root = root

@@ -117,9 +117,13 @@ class LmdbDataset(ShardedDataset):
                     label = None if raw is None else bytes(raw).decode("utf-8")
         except RecordError:
             raise
+        except OSError as exc:
+            if handles.is_resource_error(exc):
+                raise
+            raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         except ValueError as exc:
             raise RecordError(f"{self._where(i, shard, key)}: cannot decode ({exc})") from exc
-        except (lmdb.Error, OSError) as exc:
+        except lmdb.Error as exc:
             raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         return image, label
 
