@@ -62,14 +62,13 @@ class Entry:
         self.fds = fds
         self.open = True
 
-    def close(self, *, mappings: bool = True) -> None:
-        """Close the handle. With ``mappings=False`` a handle that holds no descriptor (a
-        mapping) is only forgotten: readers that keep it read on, and it closes with them."""
+    def close(self) -> None:
+        """Close the handle (a mapping whose memory is still exported closes with its last
+        view)."""
         self.open = False
         _by_id.pop(id(self.handle), None)
-        if self.fds or mappings:
-            with contextlib.suppress(Exception):
-                self.handle.close()
+        with contextlib.suppress(Exception):
+            self.handle.close()
 
 
 def is_resource_error(exc: BaseException) -> bool:
@@ -107,11 +106,10 @@ def _evict(room: int) -> None:
     """Close least recently used handles until `room` more descriptors fit (lock held)."""
     limit = max_open_files()
     held = sum(e.fds for e in _entries.values())
-    # mappings hold no descriptor but count against the address space: a few per descriptor
-    while _entries and (held + room > limit or len(_entries) >= 4 * limit):
+    while _entries and held + room > limit:
         _, oldest = _entries.popitem(last=False)
         held -= oldest.fds
-        oldest.close(mappings=False)
+        oldest.close()
 
 
 def _drop_inherited() -> None:
@@ -188,7 +186,7 @@ def shared_handle(kind: str, path: str, opener: Callable[[str], Any]) -> Any:
 def open_mmap_readonly(path: str) -> mmap.mmap | bytes:
     """Map a file read-only (``b""`` for an empty file, which cannot be mapped).
 
-    The descriptor is closed at once; the mapping keeps the file's pages reachable. The
+    The file is closed at once (``mmap`` keeps its own duplicate descriptor). The
     kernel's read-ahead is off on the mapping (``MADV_RANDOM``), as for LMDB: a page fault
     otherwise reads up to read_ahead_kb around it (48 MB for 300 random 5 KB records on an
     8 MiB read_ahead_kb disk); sequential reads get hints instead (`readers.io.readahead`).
@@ -203,14 +201,14 @@ def open_mmap_readonly(path: str) -> mmap.mmap | bytes:
 
 
 def shared_mmap(path: str) -> mmap.mmap | bytes:
-    """The process's read-only mapping of the file `path` (it holds no descriptor).
+    """The process's read-only mapping of the file `path` (``mmap`` keeps a descriptor).
 
     The file's identity and size are part of the key, so a file replaced or rewritten since
     it was first mapped (a rebuild with ``--overwrite``) is mapped afresh, not read stale.
     """
     st = os.stat(path)
     kind = f"mmap:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-    return acquire(kind, path, open_mmap_readonly, fds=0).handle  # type: ignore[no-any-return]
+    return acquire(kind, path, open_mmap_readonly).handle  # type: ignore[no-any-return]
 
 
 class _Fd:
