@@ -131,9 +131,15 @@ def acquire(kind: str, path: str, opener: Callable[[str], Any], *, fds: int = 1)
 
     `fds` is how many descriptors the handle keeps open. Opening first closes least recently
     used handles to make room; an open that fails for lack of descriptors closes every other
-    handle and is tried once more.
+    handle and is tried once more. The file's identity is part of the key, so a path replaced
+    since (a rebuild with ``--overwrite``) is opened afresh, never served the old handle.
     """
-    key = (kind, os.path.realpath(path))
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+        key = (f"{kind}:{st.st_dev}:{st.st_ino}", real)
+    except OSError:
+        key = (kind, real)  # the opener says what is wrong
     with _lock:
         entry = _entries.get(key)
         if entry is not None:

@@ -46,9 +46,9 @@ class DatasetIdentity:
         try:
             found = _file_id(os.path.join(self.root, META_NAME))
         except OSError as exc:
-            raise DatasetRebuiltError(self.root, f"{META_NAME} is gone: {exc}") from exc
+            raise DatasetRebuiltError.of(self.root, f"{META_NAME} is gone: {exc}") from exc
         if found != self.meta:
-            raise DatasetRebuiltError(self.root, f"{META_NAME} was replaced or rewritten")
+            raise DatasetRebuiltError.of(self.root, f"{META_NAME} was replaced or rewritten")
 
     def check_shard(self, shard_path: str) -> None:
         """Raise `DatasetRebuiltError` unless the shard at `shard_path` (a file or an LMDB
@@ -58,9 +58,9 @@ class DatasetIdentity:
         try:
             found = _dir_id(where)
         except OSError as exc:
-            raise DatasetRebuiltError(self.root, f"{where} is gone: {exc}") from exc
+            raise DatasetRebuiltError.of(self.root, f"{where} is gone: {exc}") from exc
         if found not in self.dirs:
-            raise DatasetRebuiltError(
+            raise DatasetRebuiltError.of(
                 self.root, f"{os.path.basename(shard_path)} now lies in another directory"
             )
 
