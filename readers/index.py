@@ -225,7 +225,11 @@ def _load_jsonl(
 
 
 def load_index(
-    root: str | os.PathLike[str], *, extra: tuple[str, ...] = (), prefer_columnar: bool = True
+    root: str | os.PathLike[str],
+    *,
+    extra: tuple[str, ...] = (),
+    prefer_columnar: bool = True,
+    meta: dict[str, Any] | None = None,
 ) -> DatasetIndex:
     """Load the dataset at `root` into a `DatasetIndex`.
 
@@ -233,12 +237,13 @@ def load_index(
         root: the dataset directory (``OUT`` of ``packer build``).
         extra: more columns to load (``width``, ``height``, ``channels``, ``format``, ``path``).
         prefer_columnar: use ``index.parquet`` when it is present and fresh.
+        meta: ``meta.json`` of `root` as just read by the caller (read here otherwise).
 
     Raises:
         DatasetFormatError: meta.json or the index is missing, malformed, or disagrees.
     """
     root = Path(root)
-    meta = load_meta(root)
+    meta = load_meta(root) if meta is None else meta
     bounds, names = shard_table(meta, root / META_NAME)
     loaded = load_parquet(root, meta, extra) if prefer_columnar else None
     if loaded is None:

@@ -26,7 +26,7 @@ from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
 from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
-from readers.io.identity import DatasetIdentity, identify_dataset
+from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
 from readers.staging import stage
 
@@ -57,14 +57,14 @@ def advise_willneed(
             continue
 
 
-def load_packed_index(root: Path, fmt: ShardFormat) -> DatasetIndex:
+def load_packed_index(root: Path, fmt: ShardFormat, meta: Any = None) -> DatasetIndex:
     """The index of the packed dataset at `root`, which must be of format `fmt` (raw records
     are known from the index's ``format``, their dimensions loaded with it).
 
     Raises:
         DatasetFormatError: the index does not load, or the dataset is of another format.
     """
-    index = load_index(root)
+    index = load_index(root, meta=meta)
     if index.format != fmt.name:
         other = REGISTRY.get(index.format)
         use = other.dataset_name if other is not None else "the matching dataset class"
@@ -152,7 +152,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     def _load_packed(self) -> DatasetIndex:
         for attempt in range(2):  # the identity is of the meta.json the index was read with
             identity = identify_dataset(self.root)
-            index = load_packed_index(self.root, self.shard_format)
+            meta = meta_read(self.root, identity.meta)  # as open_dataset read it, if it did
+            index = load_packed_index(self.root, self.shard_format, meta)
             try:
                 identity.check_meta()
                 break

@@ -11,14 +11,18 @@ size and mtime. `check_shard` costs a few ``stat`` calls per shard opened, nothi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from readers.errors import DatasetRebuiltError
 from readers.formats.layout import META_NAME
 
-__all__ = ["DatasetIdentity", "identify_dataset"]
+__all__ = ["DatasetIdentity", "identify_dataset", "meta_read", "meta_stamp", "read_meta_once"]
 
 STAGING_DIR = ".staging"  # readers.staging.cache.STAGING: a staged copy's own state
 
@@ -31,6 +35,38 @@ def _dir_id(path: str) -> tuple[int, int]:
 def _file_id(path: str) -> tuple[int, int, int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def meta_stamp(root: str | os.PathLike[str]) -> tuple[int, int, int, int]:
+    """``meta.json``'s device, inode, size and mtime: which one a read saw."""
+    return _file_id(os.path.join(os.fspath(root), META_NAME))
+
+
+_READ: ContextVar[tuple[str, tuple[int, int, int, int], dict[str, Any]] | None] = ContextVar(
+    "meta_read", default=None
+)
+
+
+@contextlib.contextmanager
+def read_meta_once(
+    root: str | os.PathLike[str], meta: dict[str, Any], stamp: tuple[int, int, int, int]
+) -> Iterator[None]:
+    """Inside the block, `meta_read` hands out `meta` (read from `root`'s ``meta.json``
+    while it had `stamp`), so that ``open_dataset`` and the dataset read it once."""
+    token = _READ.set((os.path.realpath(root), stamp, meta))
+    try:
+        yield
+    finally:
+        _READ.reset(token)
+
+
+def meta_read(root: str | os.PathLike[str], stamp: tuple[int, int, int, int]) -> Any:
+    """The ``meta.json`` of `root` read by the enclosing `read_meta_once` when it is the file
+    of `stamp`, else None (read it again)."""
+    found = _READ.get()
+    if found is None or found[0] != os.path.realpath(root) or found[1] != stamp:
+        return None
+    return found[2]
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,19 @@ def test_compression_of_an_encoded_record_is_refused(packed: Packed) -> None:
     edit_index(packed.path, 0, compression="lz4")
     with pytest.raises(DatasetFormatError, match="raw only"):
         load_index(packed.path)
+
+
+def test_meta_json_is_read_once_per_open(packed: Packed, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file: object, *args: object, **kwargs: object) -> object:
+        if str(file).endswith(META_NAME):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    open_dataset(packed.path)
+    assert len(opened) == 1, opened
