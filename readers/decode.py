@@ -113,3 +113,21 @@ def decode_sample(
     if stored == "raw":
         return decode_raw(data, height, width, channels, mode)
     return decode_image(data, mode)
+
+
+def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: int) -> bytes:
+    """The raw pixels of a record stored with ``compression`` (``lz4``, ``zstd``: the index's
+    field; pyarrow's codecs), which must come to `size` bytes.
+
+    Raises:
+        ValueError: the bytes do not decompress, or not to `size` bytes.
+    """
+    import pyarrow as pa
+
+    try:
+        out = pa.Codec(compression).decompress(data, decompressed_size=size, asbytes=True)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise ValueError(f"cannot decompress {compression} ({exc})") from exc
+    if len(out) != size:
+        raise ValueError(f"{compression} gives {len(out)} bytes, expected {size}")
+    return bytes(out)

@@ -8,86 +8,41 @@ of bytes per sample and stay shared.  ``index.jsonl`` is the source of truth;
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from readers.columnar import (
+    COMPRESSIONS,
+    RAW_DIMS,
+    Labels,
+    check_shard_column,
+    fingerprint,
+    load_parquet,
+)
 from readers.errors import DatasetFormatError
 from readers.formats import get_format
 from readers.formats.base import ShardFormat
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
 from readers.meta import is_int, load_meta, shard_table
 
-__all__ = ["DatasetIndex", "Labels", "fingerprint", "load_index", "load_meta"]
+__all__ = [
+    "COMPRESSIONS",
+    "DatasetIndex",
+    "Labels",
+    "fingerprint",
+    "load_index",
+    "load_meta",
+]
 
-# Columns a reader needs; the rest (path, width, ...) are loaded only when asked for.
+# Columns a reader needs; the rest (path, width, ...) are loaded only when asked for, but
+# the dimensions always when some record holds raw pixels (format "raw").
 CORE_COLUMNS = ("nbytes", "crc32", "offset")
 EXTRA_COLUMNS = ("width", "height", "channels", "format", "path")
-
-_SAMPLE_BLOCK = 1 << 16
-_SAMPLE_COUNT = 64
-
-
-def fingerprint(path: str | os.PathLike[str]) -> str:
-    """A cheap fingerprint of a file: its size and a hash of evenly spaced 64 KiB blocks.
-
-    Used to tell whether ``index.parquet`` still matches ``index.jsonl`` without hashing a
-    multi-GB file at every open; ``packer verify`` compares the full contents.
-    """
-    size = os.path.getsize(path)
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(str(size).encode())
-    with open(path, "rb") as f:
-        if size <= _SAMPLE_BLOCK * _SAMPLE_COUNT:
-            digest.update(f.read())
-        else:
-            step = (size - _SAMPLE_BLOCK) // (_SAMPLE_COUNT - 1)
-            for i in range(_SAMPLE_COUNT):
-                f.seek(i * step)
-                digest.update(f.read(_SAMPLE_BLOCK))
-    return f"{size}:{digest.hexdigest()}"
-
-
-@dataclass
-class Labels:
-    """The labels of all samples in one compact form.
-
-    ``kind`` is ``none`` (every label null), ``int`` (every label an int: ``ints``) or
-    ``json`` (anything else: one JSON text per sample in an Arrow string array).
-    """
-
-    kind: str
-    ints: np.ndarray | None = None
-    texts: Any = None  # pyarrow.StringArray / LargeStringArray
-
-    def __getitem__(self, i: int) -> Any:
-        if self.kind == "int":
-            assert self.ints is not None
-            return int(self.ints[i])
-        if self.kind == "json":
-            return json.loads(self.texts[i].as_py())
-        return None
-
-    def __post_init__(self) -> None:
-        ints = self.ints
-        if (
-            ints is not None
-            and ints.size
-            and ints.dtype != np.int32
-            and int(ints.min()) >= -(2**31)
-            and int(ints.max()) < 2**31
-        ):
-            self.ints = ints.astype(np.int32)  # class ids: half the memory
-
-    def as_ints(self) -> np.ndarray | None:
-        """The int labels as an array, or None when labels are not all ints."""
-        return self.ints if self.kind == "int" else None
 
 
 @dataclass
@@ -103,6 +58,19 @@ class DatasetIndex:
     offset: np.ndarray | None  # as ShardFormat.index_offsets keeps it
     labels: Labels
     extra: dict[str, Any] = field(default_factory=dict)
+    raw: np.ndarray | None = None
+    """Per sample, whether its record holds raw pixels (index ``format: raw``; bool); None
+    when none does. The dimensions of raw records are then in ``extra`` (`raw_dims`)."""
+    compression: np.ndarray | None = None
+    """Per sample, the code in `COMPRESSIONS` of its record's ``compression`` (uint8); None
+    when no record is compressed."""
+
+    def raw_dims(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(height, width, channels)`` columns when some record holds raw pixels."""
+        if self.raw is None:
+            return None
+        h, w, c = (self.extra[name] for name in RAW_DIMS)
+        return h, w, c
 
     def __len__(self) -> int:
         return int(self.shard_bounds[-1])
@@ -175,6 +143,21 @@ def _check_row(row: Any, n: int, shard: int, extra: tuple[str, ...]) -> str | No
     return None
 
 
+def _check_stored(row: dict[str, Any], raw: bytearray, codes: bytearray) -> str | None:
+    """Note whether the record holds raw pixels and its compression code; or what is wrong."""
+    is_raw = row.get("format") == "raw"
+    compression = row.get("compression", "none")
+    if compression not in COMPRESSIONS:
+        return f"compression is {compression!r}, expected one of {', '.join(COMPRESSIONS[1:])}"
+    if compression != "none" and not is_raw:
+        return f"compression is {compression!r} on a {row.get('format')!r} record (raw only)"
+    if is_raw and any(row.get(name) is None for name in RAW_DIMS):
+        return "a raw record needs its width, height and channels"
+    raw.append(is_raw)
+    codes.append(COMPRESSIONS.index(compression))
+    return None
+
+
 def _load_jsonl(
     root: Path, extra: tuple[str, ...], bounds: np.ndarray
 ) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
@@ -183,7 +166,9 @@ def _load_jsonl(
     crc: list[int] = []
     offset: list[int] = []
     label_texts: list[str] = []
-    extras: dict[str, list[Any]] = {name: [] for name in extra}
+    raw_flags = bytearray()  # a byte per sample: a list of str would cost ~50 bytes each
+    codes = bytearray()
+    extras: dict[str, list[Any]] = {name: [] for name in (*extra, *RAW_DIMS)}
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the with below
     except FileNotFoundError:
@@ -206,20 +191,28 @@ def _load_jsonl(
                 raise DatasetFormatError(f"{path}:{n + 1}: not UTF-8 ({exc})") from exc
             except (ValueError, RecursionError) as exc:
                 raise DatasetFormatError(f"{path}:{n + 1}: not JSON ({exc})") from exc
-            wrong = _check_row(row, n, shard, extra)
+            wrong = _check_row(row, n, shard, (*extra, *RAW_DIMS))
+            if wrong is None:
+                wrong = _check_stored(row, raw_flags, codes)
             if wrong is not None:
                 raise DatasetFormatError(f"{path}:{n + 1}: {wrong}")
             nbytes.append(row["nbytes"])
             crc.append(row["crc32"])
             offset.append(-1 if row.get("offset") is None else row["offset"])
             label_texts.append(json.dumps(row.get("label"), ensure_ascii=False))
-            for name in extra:
+            for name in extras:
                 extras[name].append(row.get(name))
     cols: dict[str, np.ndarray] = {
         "nbytes": np.asarray(nbytes, dtype=np.uint32),
         "crc32": np.asarray(crc, dtype=np.uint32),
         "offset": np.asarray(offset, dtype=np.int64),
+        "raw": np.frombuffer(bytes(raw_flags), dtype=np.bool_),
+        "compression": np.frombuffer(bytes(codes), dtype=np.uint8),
     }
+    if not cols["raw"].any():  # the dimensions only where they decode something
+        for name in RAW_DIMS:
+            if name not in extra:
+                del extras[name]
     import pyarrow as pa
 
     extra_cols: dict[str, Any] = {}
@@ -231,100 +224,12 @@ def _load_jsonl(
     return cols, _labels_from_texts(label_texts), extra_cols
 
 
-def _column(table: Any, name: str, dtype: Any, *, fill: int | None = None) -> np.ndarray:
-    column = table.column(name)
-    if fill is not None:
-        column = column.fill_null(fill)
-    return np.ascontiguousarray(column.to_numpy(), dtype=dtype)
-
-
-def _load_parquet(
-    root: Path, meta: dict[str, Any], extra: tuple[str, ...]
-) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]] | None:
-    """The columns from index.parquet, or None when it is missing or stale."""
-    pq_path = root / INDEX_COLUMNAR_NAME
-    if not pq_path.exists():
-        return None
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        label_kind = str(meta.get("label_kind", ""))
-        if label_kind not in ("none", "int", "json") or meta.get(
-            "index_fingerprint"
-        ) != fingerprint(root / INDEX_NAME):
-            warnings.warn(
-                f"{pq_path} does not match {INDEX_NAME} (edited or stale); reading "
-                f"{INDEX_NAME} instead",
-                stacklevel=3,
-            )
-            return None
-        # offsets: where each record starts in its shard file, or where its stored bytes lie
-        # in it (ShardFormat.offsets_locate_records; hints written by packer >= 0.1)
-        wanted = ["nbytes", "crc32", "offset", "shard", *extra]
-        wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
-        table = pq.read_table(pq_path, columns=wanted)
-    except (OSError, ValueError, KeyError) as exc:
-        warnings.warn(f"{pq_path}: unreadable ({exc}); reading {INDEX_NAME}", stacklevel=3)
-        return None
-    if table.num_rows != int(meta["num_samples"]):
-        return None
-    try:
-        return _columns_from_table(table, label_kind, extra)
-    finally:
-        del table
-        # the decoded pages stay in Arrow's allocator unless handed back explicitly
-        pa.default_memory_pool().release_unused()
-
-
-def _columns_from_table(
-    table: Any, label_kind: str, extra: tuple[str, ...]
-) -> tuple[dict[str, np.ndarray], Labels, dict[str, Any]]:
-    cols = {
-        "nbytes": _column(table, "nbytes", np.uint32),
-        "crc32": _column(table, "crc32", np.uint32),
-        "offset": (
-            _column(table, "offset", np.int64, fill=-1)
-            if "offset" in table.column_names
-            else np.empty(0, np.int64)
-        ),
-        "shard": _column(table, "shard", np.int32, fill=-1),
-    }
-    if label_kind == "int":
-        labels = Labels("int", ints=_column(table, "label_int", np.int64))
-    elif label_kind == "json":
-        labels = Labels("json", texts=table.column("label_json").combine_chunks())
-    else:
-        labels = Labels("none")
-    extra_cols: dict[str, Any] = {}
-    for name in extra:
-        column = table.column(name).combine_chunks()
-        extra_cols[name] = column if name in ("path", "format") else column.fill_null(-1).to_numpy()
-    return cols, labels, extra_cols
-
-
-def _check_shard_column(shard: np.ndarray, bounds: np.ndarray, where: Path) -> None:
-    """Each sample's shard in the columnar index agrees with meta.json's shard table."""
-    if len(shard) != int(bounds[-1]):
-        return  # the count check below names the disagreement
-    ok = bool((shard[1:] >= shard[:-1]).all()) if len(shard) > 1 else True
-    for number in range(len(bounds) - 1):
-        lo, hi = int(bounds[number]), int(bounds[number + 1])
-        if ok and hi > lo:
-            ok = int(shard[lo]) == number and int(shard[hi - 1]) == number
-        if not ok:
-            break
-    if not ok:
-        wrong = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)) != shard
-        at = int(np.argmax(wrong))
-        raise DatasetFormatError(
-            f"{where}: sample {at} is in shard {int(shard[at])}, but the shard table of "
-            f"{META_NAME} puts it in shard {int(np.searchsorted(bounds, at, side='right')) - 1}"
-        )
-
-
 def load_index(
-    root: str | os.PathLike[str], *, extra: tuple[str, ...] = (), prefer_columnar: bool = True
+    root: str | os.PathLike[str],
+    *,
+    extra: tuple[str, ...] = (),
+    prefer_columnar: bool = True,
+    meta: dict[str, Any] | None = None,
 ) -> DatasetIndex:
     """Load the dataset at `root` into a `DatasetIndex`.
 
@@ -332,14 +237,15 @@ def load_index(
         root: the dataset directory (``OUT`` of ``packer build``).
         extra: more columns to load (``width``, ``height``, ``channels``, ``format``, ``path``).
         prefer_columnar: use ``index.parquet`` when it is present and fresh.
+        meta: ``meta.json`` of `root` as just read by the caller (read here otherwise).
 
     Raises:
         DatasetFormatError: meta.json or the index is missing, malformed, or disagrees.
     """
     root = Path(root)
-    meta = load_meta(root)
+    meta = load_meta(root) if meta is None else meta
     bounds, names = shard_table(meta, root / META_NAME)
-    loaded = _load_parquet(root, meta, extra) if prefer_columnar else None
+    loaded = load_parquet(root, meta, extra) if prefer_columnar else None
     if loaded is None:
         loaded = _load_jsonl(root, extra, bounds)
     cols, labels, extra_cols = loaded
@@ -350,11 +256,14 @@ def load_index(
         )
     shard = cols.pop("shard", None)
     if shard is not None:
-        _check_shard_column(shard, bounds, root / INDEX_COLUMNAR_NAME)
+        check_shard_column(shard, bounds, root / INDEX_COLUMNAR_NAME)
     # what an offset means (and whether reading needs it) is the format's business
     fmt = get_format(meta["format"]) or ShardFormat()
     offset = fmt.index_offsets(cols["offset"], len(cols["nbytes"]))
+    raw, codes = cols["raw"], cols["compression"]
     return DatasetIndex(
+        raw=raw if raw.any() else None,
+        compression=codes if codes.any() else None,
         root=root,
         meta=meta,
         shard_bounds=bounds,

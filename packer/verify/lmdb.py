@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.verify.common import Report, Rows, check_decode, check_stored, decoded_dims
+from readers.errors import DatasetRebuiltError
 from readers.formats.layout import META_NAME
 from readers.formats.lmdb import (
     DATA_FILE,
@@ -16,38 +17,48 @@ from readers.formats.lmdb import (
     label_key,
     shared_lmdb,
 )
+from readers.io.identity import identify_dataset
 
 
 class _Shards:
-    """Opens each LMDB shard once for the check."""
+    """Opens one LMDB shard at a time for the check (a dataset of many shards would otherwise
+    hold a descriptor per shard: readers.io.handles closes the least recently used ones)."""
 
     def __init__(self, root: Path, meta: dict[str, Any], report: Report) -> None:
         self.root = root
         self.meta = meta
         self.report = report
-        self.envs: dict[int, Any] = {}
-        self.txns: dict[int, Any] = {}
+        self.identity = identify_dataset(root)
+        self.current = -1
+        self.env: Any = None
+        self._txn: Any = None
+        self.failed: set[int] = set()
 
     def txn(self, shard: int) -> Any:
-        if shard not in self.txns:
+        if shard in self.failed:
+            return None
+        if shard != self.current:
+            self.close()
             name = self.meta["shards"][shard]["name"]
             path = self.root / name
             try:
                 if not (path / DATA_FILE).exists():
                     raise FileNotFoundError(f"{path / DATA_FILE} is missing")
                 env = shared_lmdb(str(path))
+                self.identity.check_shard(str(path))
+            except DatasetRebuiltError:
+                raise
             except Exception as exc:
                 self.report(f"{name}: cannot open ({exc})")
-                self.txns[shard] = None
+                self.failed.add(shard)
                 return None
-            self.envs[shard] = env
-            self.txns[shard] = env.begin(buffers=True)
-        return self.txns[shard]
+            self.current, self.env, self._txn = shard, env, env.begin(buffers=True)
+        return self._txn
 
     def close(self) -> None:
-        for txn in self.txns.values():
-            if txn is not None:
-                txn.abort()
+        if self._txn is not None:
+            self._txn.abort()
+        self.current, self.env, self._txn = -1, None, None
 
 
 def _check_shard_counts(shards: _Shards, report: Report) -> None:
@@ -63,7 +74,7 @@ def _check_shard_counts(shards: _Shards, report: Report) -> None:
                 f"{info['name']}: num-samples is {bytes(raw).decode(errors='replace')!r}, "
                 f"expected {info['count']} ({META_NAME})"
             )
-        entries = shards.envs[number].stat()["entries"]
+        entries = shards.env.stat()["entries"]
         if entries != 2 * int(info["count"]) + 1:
             report(
                 f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "

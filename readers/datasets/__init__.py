@@ -15,6 +15,7 @@ from readers.errors import DatasetFormatError
 from readers.formats import REGISTRY
 from readers.formats.layout import META_NAME
 from readers.index import load_meta
+from readers.io.identity import meta_stamp, read_meta_once
 
 __all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset"]
 
@@ -32,11 +33,14 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     """
     root = Path(path)
     if (root / META_NAME).exists():
-        name = json_format(root)
+        stamp = meta_stamp(root)
+        meta = load_meta(root)
+        name = str(meta["format"])
         fmt = REGISTRY.get(name)
         if fmt is None:
             raise DatasetFormatError(f"{root}: format {name!r} is not readable by this version")
-        return fmt.dataset_class()(root, **kwargs)  # type: ignore[no-any-return]
+        with read_meta_once(root, meta, stamp):  # the dataset reads no second copy
+            return fmt.dataset_class()(root, **kwargs)  # type: ignore[no-any-return]
     for fmt in REGISTRY.values():
         if fmt.find_bare(root) is not None:
             return fmt.dataset_class()(root, **kwargs)  # type: ignore[no-any-return]

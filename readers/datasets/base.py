@@ -19,26 +19,18 @@ import cv2
 import numpy as np
 import paddle
 
-from readers.decode import check_mode, decode_sample
-from readers.errors import DatasetFormatError, RecordError
+from readers.decode import check_mode, decode_sample, decompress
+from readers.errors import DatasetFormatError, DatasetRebuiltError, RecordError
 from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
-from readers.index import DatasetIndex, load_index, load_meta
+from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
+from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
 from readers.staging import stage
 
 ON_ERROR = ("raise", "skip")
-
-
-def stores_raw(root: Path) -> bool:
-    """Whether the packed dataset at `root` holds decoded pixels (``--encode raw``)."""
-    try:
-        options = load_meta(root).get("options")
-    except DatasetFormatError:
-        return False
-    return isinstance(options, dict) and options.get("encode") == "raw"
 
 
 def advise_willneed(
@@ -65,26 +57,21 @@ def advise_willneed(
             continue
 
 
-def load_packed_index(
-    root: Path, fmt: ShardFormat
-) -> tuple[DatasetIndex, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
-    """The index of the packed dataset at `root`, which must be of format `fmt`, and the
-    (height, width, channels) columns when it stores raw pixels (``--encode raw``).
+def load_packed_index(root: Path, fmt: ShardFormat, meta: Any = None) -> DatasetIndex:
+    """The index of the packed dataset at `root`, which must be of format `fmt` (raw records
+    are known from the index's ``format``, their dimensions loaded with it).
 
     Raises:
         DatasetFormatError: the index does not load, or the dataset is of another format.
     """
-    raw = stores_raw(root)
-    index = load_index(root, extra=("width", "height", "channels") if raw else ())
+    index = load_index(root, meta=meta)
     if index.format != fmt.name:
         other = REGISTRY.get(index.format)
         use = other.dataset_name if other is not None else "the matching dataset class"
         raise DatasetFormatError(
             f"{root}: a {index.format} dataset, not {fmt.title}; use {use} or open_dataset()"
         )
-    if not raw:
-        return index, None
-    return index, (index.extra["height"], index.extra["width"], index.extra["channels"])
+    return index
 
 
 class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
@@ -104,7 +91,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         on_error: ``raise`` (default): a sample that cannot be read, decoded or checked
             raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
             order (wrapping), counted in ``skipped``, with one warning per process. Damage to
-            the dataset's structure (a missing or cut shard) always raises.
+            the dataset's structure (a missing or cut shard), a rebuild of the dataset since
+            it was opened (`DatasetRebuiltError`) and the OS running out of files or memory
+            (``OSError`` EMFILE, ENFILE, ENOMEM) always raise.
         cache_dir: copy the shards once per machine into this local directory (/dev/shm,
             a local SSD) and read them there (see `readers.staging.stage`).
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
@@ -148,7 +137,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self._shard_paths: list[str] = []
         self._raw_dims: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._handles: list[Any] = []
+        self._entries: list[handles.Entry | None] = []
         self._generation = -1
+        self.identity: DatasetIdentity | None = None
+        """The build opened (packed datasets): shards opened later are checked against it."""
         self._ahead = Readahead()  # hints ahead of (nearly) increasing reads, per process
         if (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
@@ -158,9 +150,20 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     # --- opening ---------------------------------------------------------------------------
 
     def _load_packed(self) -> DatasetIndex:
-        self.index, self._raw_dims = load_packed_index(self.root, self.shard_format)
-        self.shard_bounds = self.index.shard_bounds
-        return self.index
+        for attempt in range(2):  # the identity is of the meta.json the index was read with
+            identity = identify_dataset(self.root)
+            meta = meta_read(self.root, identity.meta)  # as open_dataset read it, if it did
+            index = load_packed_index(self.root, self.shard_format, meta)
+            try:
+                identity.check_meta()
+                break
+            except DatasetRebuiltError:
+                if attempt:
+                    raise
+        self.index, self.identity = index, identity
+        self._raw_dims = index.raw_dims()
+        self.shard_bounds = index.shard_bounds
+        return index
 
     def _open_packed(self, index: DatasetIndex) -> None:
         """Find the shards of a packed dataset; every listed shard's data file must exist."""
@@ -187,13 +190,14 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             ValueError: the bytes do not decode.
         """
         mode = self.decode if mode is None else mode
+        index = self.index
         try:
-            if self._raw_dims is None:
+            if self._raw_dims is None or index is None or index.raw is None or not index.raw[i]:
                 return decode_sample(data, mode)
-            h, w, c = self._raw_dims
-            return decode_sample(
-                data, mode, stored="raw", height=int(h[i]), width=int(w[i]), channels=int(c[i])
-            )
+            h, w, c = (int(column[i]) for column in self._raw_dims)
+            if mode != "bytes" and index.compression is not None and index.compression[i]:
+                data = decompress(data, COMPRESSIONS[index.compression[i]], h * w * c)
+            return decode_sample(data, mode, stored="raw", height=h, width=w, channels=c)
         except cv2.error as exc:  # some corrupt headers make OpenCV raise instead of fail
             raise ValueError(f"OpenCV: {exc}") from exc
 
@@ -216,6 +220,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = []
+        state["_entries"] = []
         state["_generation"] = -1
         state["skipped"] = 0  # counts are per process
         state["_bad"] = set()
@@ -234,14 +239,31 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         return self.shard_format.open_shard(path)
 
     def _handle(self, shard: int) -> Any:
+        """The open handle of `shard`: opened on first use in this process, and again after
+        it was closed to bound the open files (`readers.io.handles`); each open is checked
+        to be of the build this dataset opened (`DatasetRebuiltError` otherwise)."""
         if self._generation != handles.generation:
             self._handles = [None] * len(self._shard_paths)
+            self._entries = [None] * len(self._shard_paths)
             self._generation = handles.generation
         handle = self._handles[shard]
-        if handle is None:
-            handle = self._open(self._shard_paths[shard])
-            self._handles[shard] = handle
+        entry = self._entries[shard]
+        if handle is not None and (entry is None or entry.open):
+            if entry is not None:
+                handles.touch(entry)
+            return handle
+        path = self._shard_paths[shard]
+        handle = self._open(path)
+        if self.identity is not None:
+            self.identity.check_shard(path)
+        self._handles[shard], self._entries[shard] = handle, handles.entry_of(handle)
         return handle
+
+    def _handle_closed(self, shard: int) -> bool:
+        """Whether `shard`'s handle was closed (to make room) since it was taken: a read that
+        failed then is read again, not reported as a bad record."""
+        entry = self._entries[shard] if shard < len(self._entries) else None
+        return entry is not None and not entry.open
 
     def _source(self, i: int) -> str:
         path = self.index.path_of(i) if self.index is not None else None
@@ -286,13 +308,23 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     def read_bytes(self, i: int) -> bytes:
         """The stored bytes of sample `i`."""
         i, shard = self._locate(i)
-        return self._read(i, shard, as_bytes=True)[0]  # type: ignore[no-any-return]
+        return self._read_sample(i, shard, as_bytes=True)[0]  # type: ignore[no-any-return]
+
+    def _read_sample(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
+        """`_read`, once more when the shard's handle was closed during the read (another
+        thread made room for its own): that is no bad record."""
+        try:
+            return self._read(i, shard, as_bytes=as_bytes)
+        except RecordError:
+            if not self._handle_closed(shard):
+                raise
+        return self._read(i, shard, as_bytes=as_bytes)
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         n, shard = self._locate(int(i))
         self._ahead.note(n, self)
         try:
-            image, label = self._read(n, shard, as_bytes=False)
+            image, label = self._read_sample(n, shard, as_bytes=False)
         except RecordError as exc:
             if self.on_error != "skip":
                 raise
@@ -316,7 +348,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             if j in self._bad:
                 continue
             try:
-                found = self._read(j, self._locate(j)[1], as_bytes=False)
+                found = self._read_sample(j, self._locate(j)[1], as_bytes=False)
             except RecordError:
                 self._bad.add(j)
                 continue

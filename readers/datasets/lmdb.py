@@ -27,6 +27,12 @@ OFFSET_CHECKS = 8
 reads that shard's values at their offsets."""
 
 
+def _still_open(mapped: Any) -> bool:
+    """Whether a shared mapping is still open (not closed to bound the open files)."""
+    entry = handles.entry_of(mapped)
+    return entry is not None and entry.open
+
+
 class LmdbDataset(ShardedDataset):
     """A packed LMDB dataset, or a bare LMDB in the PaddleOCR layout, as a map-style Dataset.
 
@@ -117,9 +123,13 @@ class LmdbDataset(ShardedDataset):
                     label = None if raw is None else bytes(raw).decode("utf-8")
         except RecordError:
             raise
+        except OSError as exc:
+            if handles.is_resource_error(exc):
+                raise
+            raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         except ValueError as exc:
             raise RecordError(f"{self._where(i, shard, key)}: cannot decode ({exc})") from exc
-        except (lmdb.Error, OSError) as exc:
+        except lmdb.Error as exc:
             raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         return image, label
 
@@ -143,9 +153,9 @@ class LmdbDataset(ShardedDataset):
         if self._direct_generation != handles.generation:
             self._direct_maps = {}
             self._direct_generation = handles.generation
-        if shard not in self._direct_maps:
-            self._direct_maps[shard] = self._check_offsets(shard)
-        found = self._direct_maps[shard]
+        found = self._direct_maps.get(shard)
+        if shard not in self._direct_maps or (found is not None and not _still_open(found[0])):
+            found = self._direct_maps[shard] = self._check_offsets(shard)
         return None if found is None else self._at_offset(found[0], i, found[1])
 
     def _at_offset(self, mapped: Any, i: int, page_size: int) -> memoryview | None:

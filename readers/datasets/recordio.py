@@ -270,6 +270,8 @@ class RecordIODataset(ShardedDataset):
         except RecordIOError as exc:
             raise RecordError(f"{self._where(i, shard)}: {exc}") from exc
         except OSError as exc:
+            if handles.is_resource_error(exc):
+                raise
             raise RecordError(f"{self._where(i, shard)}: read failed ({exc})") from exc
         if self.index is not None:
             if header.id != i:

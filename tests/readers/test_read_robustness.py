@@ -218,7 +218,7 @@ WORKER_SCRIPT = textwrap.dedent(
             a, b = first[i], second[i]
             assert (a[0] == b[0]).all() and a[1] == b[1]
             out.append(digest(a))
-        return os.getpid(), out, sorted(str(kind).split(":")[0] for kind, _ in handles._handles)
+        return os.getpid(), out, sorted(str(kind).split(":")[0] for kind, _ in handles._entries)
 
     if __name__ == "__main__":
         method, epochs = sys.argv[1], int(sys.argv[2])
