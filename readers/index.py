@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from readers.errors import DatasetFormatError
+from readers.files import check_regular, open_regular
 from readers.formats import get_format
 from readers.formats.base import ShardFormat
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
@@ -43,7 +44,7 @@ def fingerprint(path: str | os.PathLike[str]) -> str:
     size = os.path.getsize(path)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(str(size).encode())
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         if size <= _SAMPLE_BLOCK * _SAMPLE_COUNT:
             digest.update(f.read())
         else:
@@ -185,7 +186,7 @@ def _load_jsonl(
     label_texts: list[str] = []
     extras: dict[str, list[Any]] = {name: [] for name in extra}
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        f = open_regular(path)
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
     except OSError as exc:
@@ -245,6 +246,7 @@ def _load_parquet(
     pq_path = root / INDEX_COLUMNAR_NAME
     if not pq_path.exists():
         return None
+    check_regular(pq_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packer.verify.common import Report, Rows, check_shard_table, shard_rows
+from packer.verify.common import Report, Rows, check_entries, check_shard_table, shard_rows
 from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
 from readers.meta import load_meta
@@ -32,6 +32,8 @@ def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
     if fmt is None:
         report(f"{META_NAME}: format {meta['format']!r} cannot be verified by this version")
         return
+    if not check_entries(root, meta, fmt.reader, report):
+        return  # a shard file is a FIFO, a device...: reading it would block
     bounds = check_shard_table(root, meta, report)
     rows = _read_ahead(root, meta, fmt.reader, shard_rows(root, meta, bounds, report))
     fmt.checks().verify_packed(root, meta, rows, deep=deep, report=report)

@@ -22,6 +22,7 @@ import paddle
 from readers import handles
 from readers.decode import check_mode, decode_sample
 from readers.errors import DatasetFormatError, RecordError
+from readers.files import check_shard_files
 from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
@@ -159,6 +160,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def _load_packed(self) -> DatasetIndex:
         self.index, self._raw_dims = load_packed_index(self.root, self.shard_format)
+        check_shard_files(self.root, self.shard_format, self.index.shard_names)
         self.shard_bounds = self.index.shard_bounds
         return self.index
 
