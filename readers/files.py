@@ -144,7 +144,8 @@ def _directory(root: Path, parts: tuple[str, ...]) -> Iterator[int]:
             st = os.stat(part, dir_fd=fds[-1], follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
                 raise NotRegularFileError(shown, describe_mode(st.st_mode), _NO_LINKS)
-            fds.append(os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fds[-1]))
+            flags = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+            fds.append(os.open(part, flags, dir_fd=fds[-1]))
         yield fds[-1]
     finally:
         for fd in fds:

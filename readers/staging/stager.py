@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from readers.formats import FORMATS, get_format
 from readers.files import DATASET_FILES, NotRegularFileError, open_inside, stat_inside
+from readers.formats import FORMATS, get_format
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.staging import cache
 from readers.staging.cache import STAGING, ShardSlot
