@@ -97,7 +97,8 @@ def check_entries(root: Path, meta: dict[str, Any], fmt: ShardFormat, report: Re
             problem = _regular_problem(path, entry, staged=staged)
             if problem:
                 report(problem)
-                shard_ok = shard_ok and entry not in files and entry != INDEX_NAME
+                if not path.is_file() and (entry in files or entry == INDEX_NAME):
+                    shard_ok = False
         elif entry in tops:  # a shard directory: its named files and harmless ones only
             if not path.is_dir() or (path.is_symlink() and not staged):
                 report(f"{entry}: is a {_kind(path)}, expected the shard's directory")
@@ -109,7 +110,7 @@ def check_entries(root: Path, meta: dict[str, Any], fmt: ShardFormat, report: Re
                     problem = _regular_problem(path / inner, rel, staged=staged)
                     if problem:
                         report(problem)
-                        shard_ok = False
+                        shard_ok = shard_ok and (path / inner).is_file()
                 elif inner not in HARMLESS:
                     report(f"foreign entry: {rel} ({_kind(path / inner)})")
         elif not (staged and entry == STAGING):
