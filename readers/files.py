@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 WARNINGS_NAME = "warnings.jsonl"  # packer.problems.WARNINGS_NAME (readers cannot import it)
 
 DATASET_FILES = (META_NAME, INDEX_NAME, INDEX_COLUMNAR_NAME, ERRORS_NAME, WARNINGS_NAME)
-"""The files of a packed dataset besides its shards, as ``packer build`` writes them."""
+"""The files of a packed dataset besides its shards, as ``packer build`` writes them
+(``meta.json`` first)."""
 
 _KINDS = (
     (stat.S_ISDIR, "directory"),

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,36 @@ def _dir_mode(path: Path) -> int:
     return (os.stat(path, follow_symlinks=False).st_mode & 0o777) | 0o700
 
 
+def _read_meta(origin: Path) -> tuple[bytes, dict[str, Any]]:
+    """The bytes of `origin`'s meta.json (a regular file, not a link) and the object they hold."""
+    try:
+        with open_inside(origin, META_NAME) as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        raise StagingError(
+            f"{origin}: no {META_NAME}; only a packed dataset (packer build) can be staged"
+        ) from None
+    try:
+        meta = json.loads(data)
+    except ValueError as exc:
+        raise StagingError(f"{origin / META_NAME}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise StagingError(f"{origin / META_NAME}: expected a JSON object")
+    return data, meta
+
+
+def _present(origin: Path, names: Iterable[str]) -> list[str]:
+    """Those of the optional small files `names` that `origin` has (each a regular file)."""
+    found = []
+    for name in names:
+        try:
+            stat_inside(origin, name)
+        except FileNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
 class Stager:
     """Stages the packed dataset at `origin` into `cache_dir` (see `readers.staging.stage`)."""
 
@@ -84,19 +115,7 @@ class Stager:
         self.check = check
         self.hold = hold
         self.progress = progress
-        try:
-            with open_inside(self.origin, META_NAME) as f:
-                self.meta_bytes = f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            raise StagingError(
-                f"{self.origin}: no {META_NAME}; only a packed dataset (packer build) can be staged"
-            ) from None
-        try:
-            self.meta: dict[str, Any] = json.loads(self.meta_bytes)
-        except ValueError as exc:
-            raise StagingError(f"{self.origin / META_NAME}: not valid JSON ({exc})") from None
-        if not isinstance(self.meta, dict):
-            raise StagingError(f"{self.origin / META_NAME}: expected a JSON object")
+        self.meta_bytes, self.meta = _read_meta(self.origin)
         self.generation = cache.compute_generation(self.meta_bytes)
         key = hashlib.sha256(str(self.origin).encode() + b"\0" + self.meta_bytes).hexdigest()
         self.root = self.cache / f"{self.origin.name}-{key[:16]}"
@@ -111,7 +130,7 @@ class Stager:
         # as the format names them; the entries are what the staged directory links.
         self.files = {str(s["name"]): list(fmt.shard_files(str(s["name"]))) for s in self.shards}
         self.entries = {n: sorted({f.split("/", 1)[0] for f in fs}) for n, fs in self.files.items()}
-        self.small = [META_NAME, *self._present(n for n in DATASET_FILES if n != META_NAME)]
+        self.small = [META_NAME, *_present(self.origin, DATASET_FILES[1:])]
         if INDEX_NAME not in self.small:
             raise StagingError(
                 f"{self.origin / INDEX_NAME}: missing; a packed dataset cannot be read without "
@@ -127,17 +146,6 @@ class Stager:
                     "dataset complete? (packer verify)"
                 ) from None
         self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
-
-    def _present(self, names: Any) -> list[str]:
-        """Those of the optional small files `names` the origin has (each a regular file)."""
-        found = []
-        for name in names:
-            try:
-                stat_inside(self.origin, name)
-            except FileNotFoundError:
-                continue
-            found.append(name)
-        return found
 
     def run(self) -> StageResult:
         """Stage every shard that fits; return what was done."""
