@@ -30,6 +30,11 @@ def summary(out: Path, result: StageResult, limit: str | None) -> list[str]:
             f"re-copied {len(result.repaired)} staged shard(s) that failed their check: "
             + ", ".join(result.repaired)
         )
+    if result.superseded:
+        lines.append(
+            f"removed {len(result.superseded)} staged copy(ies) of older builds of {out}: "
+            + ", ".join(result.superseded)
+        )
     if result.evicted:
         lines.append(
             f"evicted {len(result.evicted)} least recently used shard(s) of other datasets"

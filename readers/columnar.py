@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from readers.errors import DatasetFormatError
+from readers.files import check_regular, open_regular
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
 
 __all__ = [
@@ -47,7 +48,7 @@ def fingerprint(path: str | os.PathLike[str]) -> str:
     size = os.path.getsize(path)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(str(size).encode())
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         if size <= _SAMPLE_BLOCK * _SAMPLE_COUNT:
             digest.update(f.read())
         else:
@@ -108,6 +109,7 @@ def load_parquet(
     pq_path = root / INDEX_COLUMNAR_NAME
     if not pq_path.exists():
         return None
+    check_regular(pq_path)  # a FIFO would block pyarrow forever
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -25,6 +25,7 @@ from readers.columnar import (
     load_parquet,
 )
 from readers.errors import DatasetFormatError
+from readers.files import open_regular
 from readers.formats import get_format
 from readers.formats.base import ShardFormat
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
@@ -170,7 +171,7 @@ def _load_jsonl(
     codes = bytearray()
     extras: dict[str, list[Any]] = {name: [] for name in (*extra, *RAW_DIMS)}
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        f = open_regular(path)
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None
     except OSError as exc:

@@ -12,6 +12,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from readers.errors import DatasetFormatError
+from readers.files import open_regular
 from readers.formats.layout import FORMAT_VERSION, META_NAME
 
 META_FIELDS: dict[str, str] = {
@@ -118,7 +119,7 @@ def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = Path(root) / META_NAME
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             meta = json.loads(f.read().decode("utf-8"))
     except (FileNotFoundError, NotADirectoryError):
         raise DatasetFormatError(f"{path}: not found; is {root} a packed dataset?") from None

@@ -1,10 +1,13 @@
-"""What ``packer verify`` checks the same way in every format: meta.json and its shard
-table, errors.jsonl, index.jsonl line by line (ids, shard, SHA-256), and decoding."""
+"""What ``packer verify`` checks the same way in every format: the entries of OUT (only the
+dataset's own, each a regular file), meta.json and its shard table, errors.jsonl, index.jsonl
+line by line (ids, shard, SHA-256), and decoding."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +17,11 @@ import cv2
 import numpy as np
 
 from readers.decode import decode_sample
+from readers.errors import DatasetFormatError
+from readers.files import DATASET_FILES, describe_mode, open_regular
+from readers.formats.base import ShardFormat
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME
+from readers.staging.cache import STAGING
 
 Report = Callable[[str], None]
 """Called once per problem found, with the line ``packer verify`` prints."""
@@ -32,9 +39,12 @@ def read_index(root: Path, meta: dict[str, Any]) -> Iterator[str | dict[str, Any
     digest = hashlib.sha256()
     count = 0
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below
+        f = open_regular(path)
     except OSError as exc:
         yield f"{INDEX_NAME}: cannot read ({exc})"
+        return
+    except DatasetFormatError as exc:  # a FIFO, a directory...: reading it would block or fail
+        yield str(exc)
         return
     with f:
         for n, raw in enumerate(f):
@@ -58,6 +68,71 @@ def read_index(root: Path, meta: dict[str, Any]) -> Iterator[str | dict[str, Any
     recorded = meta.get("index_sha256")
     if recorded and recorded != digest.hexdigest():
         yield f"{INDEX_NAME}: SHA-256 differs from the one recorded in {META_NAME} (edited?)"
+
+
+HARMLESS = frozenset({"lock.mdb"})
+"""Entries of a shard directory that are not the dataset's but do no harm (LMDB's lock file,
+which the build leaves and any LMDB tool may create)."""
+
+
+def _kind(path: Path) -> str:
+    return describe_mode(os.lstat(path).st_mode)
+
+
+def check_entries(root: Path, meta: dict[str, Any], fmt: ShardFormat, report: Report) -> bool:
+    """Report the entries of OUT the dataset does not name (``foreign entry: NAME (kind)``),
+    and named ones that are links or not regular files.
+
+    A staged copy (``readers.staging``) links its shards and keeps its state in ``.staging``:
+    there links are expected. Returns False when a shard file or the index is not a regular
+    file, so that the checks that would open it (and block on a FIFO) are skipped.
+    """
+    staged = (root / STAGING / "origin.json").is_file()
+    files = {rel for s in meta["shards"] for rel in fmt.shard_files(str(s["name"]))}
+    tops = {rel.split("/", 1)[0] for rel in files}
+    shard_ok = True
+    for entry in sorted(os.listdir(root)):
+        path = root / entry
+        if entry in DATASET_FILES or entry in files:
+            problem = _regular_problem(path, entry, staged=staged)
+            if problem:
+                report(problem)
+                if not path.is_file() and (entry in files or entry == INDEX_NAME):
+                    shard_ok = False
+        elif entry in tops:  # a shard directory: its named files and harmless ones only
+            if not path.is_dir() or (path.is_symlink() and not staged):
+                report(f"{entry}: is a {_kind(path)}, expected the shard's directory")
+                shard_ok = False
+                continue
+            for inner in sorted(os.listdir(path)):
+                rel = f"{entry}/{inner}"
+                if rel in files:
+                    problem = _regular_problem(path / inner, rel, staged=staged)
+                    if problem:
+                        report(problem)
+                        shard_ok = shard_ok and (path / inner).is_file()
+                elif inner not in HARMLESS:
+                    report(f"foreign entry: {rel} ({_kind(path / inner)})")
+        elif not (staged and entry == STAGING):
+            report(f"foreign entry: {entry} ({_kind(path)})")
+    return shard_ok
+
+
+def _regular_problem(path: Path, rel: str, *, staged: bool) -> str | None:
+    """What is wrong with the dataset file `path` (shown as `rel`), or None."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) and not staged:
+        return (
+            f"{rel}: is a symbolic link (to {os.readlink(path)}), expected a regular file; "
+            "packer stage copies no linked file"
+        )
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{rel}: cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{rel}: is a {describe_mode(st.st_mode)}, not a regular file"
+    return None
 
 
 def check_shard_table(root: Path, meta: dict[str, Any], report: Report) -> list[int]:

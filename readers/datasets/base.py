@@ -21,6 +21,7 @@ import paddle
 
 from readers.decode import check_mode, decode_sample, decompress
 from readers.errors import DatasetFormatError, DatasetRebuiltError, RecordError
+from readers.files import check_shard_files
 from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
 from readers.formats.layout import META_NAME
@@ -160,6 +161,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             except DatasetRebuiltError:
                 if attempt:
                     raise
+        check_shard_files(self.root, self.shard_format, index.shard_names)
         self.index, self.identity = index, identity
         self._raw_dims = index.raw_dims()
         self.shard_bounds = index.shard_bounds

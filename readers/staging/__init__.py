@@ -5,7 +5,9 @@ evicted past a size limit.  No paddle import.
 
 ``stage(path, cache_dir)`` returns a directory that every reader opens as it opens `path`: the
 dataset's small files copied, and each shard a link to its local copy, or to the origin when it
-did not fit under `cache_limit`.
+did not fit under `cache_limit`.  Only the files the dataset names are staged, each a regular
+file reached through no symbolic link, with at most the origin's permissions; staging a rebuilt
+origin removes the copies of its older generations that no process uses.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def stage(
     Args:
         path: a packed dataset directory (``meta.json``, index, shards).
         cache_dir: a local directory (``/dev/shm/...``, a local SSD) shared by every process
-            of the machine; one subdirectory per dataset (keyed by its path and meta.json).
+            of the machine; one subdirectory per dataset (keyed by its path and meta.json);
+            those of older builds of `path` are removed when nobody uses them.
         cache_limit: the most bytes the whole cache may hold (``20GiB``); least recently
             used shards of other datasets are evicted to make room, and shards that still do
             not fit are read from the origin.  None: no limit.

@@ -9,7 +9,7 @@
         meta.json, index.jsonl ... copies of the dataset's small files
         shard-00000 -> .staging/data/shard-00000   (staged)  or  ORIGIN/shard-00000
         .staging/
-          origin.json              {"path": ORIGIN}
+          origin.json              {"path": ORIGIN, "generation": sha256 of its meta.json}
           data/<entry>             the staged copies
           shards/<shard>.json      manifest: files, sizes, CRCs; present = complete.  Its
                                    mtime is the shard's last use (LRU order).
@@ -21,11 +21,16 @@ A shard is evicted only when nobody copies it and nobody holds its ``.use`` lock
 are pointed back to the origin before its copy is removed.  A staged dataset none of whose
 shards is left is removed whole when nobody holds ``CACHE/.<name>-<key>.use`` (shared while a
 process stages or uses it; its mtime is the dataset's last use).
+
+A rebuilt origin (another ``meta.json``) is another generation, staged in a directory of its
+own; staging it removes the directories of the origin's older generations whole, each one only
+when nobody holds its ``.use`` lock nor copies or uses any of its shards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +188,51 @@ def evict_dataset(root: Path) -> int:
         os.rename(root, trash)  # gone at once; the files go after
         remove(trash)
         return freed
+
+
+def compute_generation(meta_bytes: bytes) -> str:
+    """The generation of a packed dataset: the SHA-256 of its ``meta.json`` bytes (a rebuild
+    writes another ``created``, plan digest and index digest, hence another generation)."""
+    return hashlib.sha256(meta_bytes).hexdigest()
+
+
+def evict_superseded(cache: Path, keep: Path, origin: str) -> list[str]:
+    """Remove the staged directories of `origin` other than `keep` (older generations of the
+    same origin), each only when no process uses it or copies or uses any of its shards.
+
+    Returns the names of the directories removed.
+    """
+    removed: list[str] = []
+    with locked(cache / CACHE_LOCK):
+        for root in sorted(cache.iterdir()):
+            if root == keep or root.name.startswith(".") or TMP_MARK in root.name:
+                continue
+            info = read_json(root / STAGING / "origin.json")
+            if not isinstance(info, dict) or info.get("path") != origin:
+                continue
+            if _remove_unused(root):
+                removed.append(root.name)
+    return removed
+
+
+def _remove_unused(root: Path) -> bool:
+    """Remove the staged dataset `root` whole, shards and all, unless it is in use. Its links
+    are not pointed back to the origin: the origin now holds another generation."""
+    with contextlib.ExitStack() as stack:
+        if not stack.enter_context(locked(dataset_lock(root), wait=False)):
+            return False
+        state = root / STAGING / "shards"
+        names = {p.name.rsplit(".", 1)[0] for p in state.iterdir()} if state.is_dir() else set()
+        for name in sorted(n for n in names if TMP_MARK not in n):
+            slot = ShardSlot(root, name)
+            for lock in (slot.copy_lock, slot.use_lock):
+                if not stack.enter_context(locked(lock, wait=False)):
+                    return False
+        trash = root.with_name(f"{root.name}{TMP_MARK}superseded")
+        remove(trash)
+        os.rename(root, trash)  # gone at once; the files go after
+        remove(trash)
+        return True
 
 
 def reserve(cache: Path, slot: ShardSlot, need: int, limit: int | None) -> list[ShardSlot]:

@@ -1,5 +1,6 @@
 """File primitives of staging: flock-based locks, a checked copy (CRC while reading, fsync, re-read
-and compare), atomic small-file writes and size parsing."""
+and compare; no link followed, permissions at most the origin's), atomic small-file writes and
+size parsing."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from typing import Any
 
 from readers import sizes
 from readers.errors import ReaderError
+from readers.files import open_inside
 
 BLOCK = 4 << 20
 TMP_MARK = ".tmp-"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 Progress = Callable[[int], None]
 
@@ -87,30 +90,46 @@ def crc_file(path: Path, progress: Progress | None = None) -> int:
     return crc
 
 
-def copy_checked(src: Path, dst: Path, progress: Progress | None = None) -> dict[str, int]:
-    """Copy `src` to the new file `dst`, fsync it, re-read it and compare CRC-32s.
+def copy_checked(
+    root: Path, rel: str, dst: Path, progress: Progress | None = None
+) -> dict[str, int]:
+    """Copy the regular file ``root/rel`` (reached through no symbolic link) to the new file
+    `dst`, fsync it, re-read it and compare CRC-32s.
 
-    Returns ``{"size": ..., "crc32": ...}`` of the bytes read from `src`.
+    The copy's permissions are at most the origin's (and the umask's), never executable: a
+    file only its owner may read stays so in a shared cache.
+
+    Returns ``{"size": ..., "crc32": ...}`` of the bytes read from the origin.
+
+    Raises:
+        NotRegularFileError: the origin is a link, a FIFO, a device...; StagingError: the copy
+            does not read back as written.
     """
+    src = root / rel
     crc = 0
     size = 0
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(fin.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while block := fin.read(BLOCK):
-            crc = zlib.crc32(block, crc)
-            size += len(block)
-            fout.write(block)
-            if progress is not None:
-                progress(len(block))
-        fout.flush()
-        os.fsync(fout.fileno())
-    copied = crc_file(dst)
-    if copied != crc or dst.stat().st_size != size:
-        raise StagingError(
-            f"{dst}: copy of {src} reads back with CRC-32 {copied:08x}, expected {crc:08x} "
-            "(local disk or memory error?)"
-        )
+    with open_inside(root, rel) as fin:
+        origin_mode = os.fstat(fin.fileno()).st_mode & 0o666
+        # owner read/write while copying; the origin's bits (under the umask) once checked
+        fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, origin_mode | 0o600)
+        with os.fdopen(fd, "r+b") as fout:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fin.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            while block := fin.read(BLOCK):
+                crc = zlib.crc32(block, crc)
+                size += len(block)
+                fout.write(block)
+                if progress is not None:
+                    progress(len(block))
+            fout.flush()
+            os.fsync(fout.fileno())
+            copied = crc_file(dst)
+            if copied != crc or os.fstat(fd).st_size != size:
+                raise StagingError(
+                    f"{dst}: copy of {src} reads back with CRC-32 {copied:08x}, expected "
+                    f"{crc:08x} (local disk or memory error?)"
+                )
+            os.fchmod(fd, os.fstat(fd).st_mode & origin_mode)
     return {"size": size, "crc32": crc}
 
 

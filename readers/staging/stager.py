@@ -1,5 +1,10 @@
-"""Stage one packed dataset into a cache directory: small files once, then shard by shard under
-a per-shard lock, each copy checked and renamed into place only when whole."""
+"""Stage one packed dataset into a cache directory: its named small files once, then shard by
+shard under a per-shard lock, each copy checked and renamed into place only when whole; older
+generations of the same origin are removed once nobody uses them.
+
+Only the files the dataset names are staged (``DATASET_FILES`` and the shard files of the shard
+table), each a regular file reached through no symbolic link: anything else planted in the
+origin is neither copied nor followed."""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from readers.files import DATASET_FILES, NotRegularFileError, open_inside, stat_inside
 from readers.formats import FORMATS, get_format
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.staging import cache
@@ -44,12 +51,49 @@ class StageResult:
     origin: list[str] = field(default_factory=list)  # did not fit: read from the origin
     repaired: list[str] = field(default_factory=list)  # a staged copy failed its check
     evicted: list[str] = field(default_factory=list)  # "<dataset dir>/<shard>" of others
+    superseded: list[str] = field(default_factory=list)  # staged dirs of older builds, removed
     bytes_copied: int = 0
 
 
-def _stat(path: Path) -> list[int]:
-    st = path.stat()
+def _stat(root: Path, rel: str) -> list[int]:
+    st = stat_inside(root, rel)
     return [st.st_size, st.st_mtime_ns]
+
+
+def _dir_mode(path: Path) -> int:
+    """The permissions of a directory made in the cache for the origin directory `path`: at
+    most the origin's (and the umask's), always usable by its owner."""
+    return (os.stat(path, follow_symlinks=False).st_mode & 0o777) | 0o700
+
+
+def _read_meta(origin: Path) -> tuple[bytes, dict[str, Any]]:
+    """The bytes of `origin`'s meta.json (a regular file, not a link) and the object they hold."""
+    try:
+        with open_inside(origin, META_NAME) as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        raise StagingError(
+            f"{origin}: no {META_NAME}; only a packed dataset (packer build) can be staged"
+        ) from None
+    try:
+        meta = json.loads(data)
+    except ValueError as exc:
+        raise StagingError(f"{origin / META_NAME}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise StagingError(f"{origin / META_NAME}: expected a JSON object")
+    return data, meta
+
+
+def _present(origin: Path, names: Iterable[str]) -> list[str]:
+    """Those of the optional small files `names` that `origin` has (each a regular file)."""
+    found = []
+    for name in names:
+        try:
+            stat_inside(origin, name)
+        except FileNotFoundError:
+            continue
+        found.append(name)
+    return found
 
 
 class Stager:
@@ -71,13 +115,8 @@ class Stager:
         self.check = check
         self.hold = hold
         self.progress = progress
-        try:
-            self.meta_bytes = (self.origin / META_NAME).read_bytes()
-        except FileNotFoundError:
-            raise StagingError(
-                f"{self.origin}: no {META_NAME}; only a packed dataset (packer build) can be staged"
-            ) from None
-        self.meta: dict[str, Any] = json.loads(self.meta_bytes)
+        self.meta_bytes, self.meta = _read_meta(self.origin)
+        self.generation = cache.compute_generation(self.meta_bytes)
         key = hashlib.sha256(str(self.origin).encode() + b"\0" + self.meta_bytes).hexdigest()
         self.root = self.cache / f"{self.origin.name}-{key[:16]}"
         fmt = get_format(str(self.meta.get("format")))
@@ -91,20 +130,21 @@ class Stager:
         # as the format names them; the entries are what the staged directory links.
         self.files = {str(s["name"]): list(fmt.shard_files(str(s["name"]))) for s in self.shards}
         self.entries = {n: sorted({f.split("/", 1)[0] for f in fs}) for n, fs in self.files.items()}
-        linked = {e for es in self.entries.values() for e in es}
-        self.small = sorted(
-            p.name for p in self.origin.iterdir() if p.name not in linked and p.is_file()
-        )
-        try:
-            self.sizes = {
-                n: {rel: os.path.getsize(self.origin / rel) for rel in fs}
-                for n, fs in self.files.items()
-            }
-        except FileNotFoundError as exc:
+        self.small = [META_NAME, *_present(self.origin, DATASET_FILES[1:])]
+        if INDEX_NAME not in self.small:
             raise StagingError(
-                f"{exc.filename}: missing, though {META_NAME} lists its shard; is the dataset "
-                "complete? (packer verify)"
-            ) from None
+                f"{self.origin / INDEX_NAME}: missing; a packed dataset cannot be read without "
+                "its index (packer verify)"
+            )
+        self.sizes: dict[str, dict[str, int]] = {}
+        for n, fs in self.files.items():
+            try:
+                self.sizes[n] = {rel: stat_inside(self.origin, rel).st_size for rel in fs}
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise StagingError(
+                    f"{exc.filename}: missing, though {META_NAME} lists its shard; is the "
+                    "dataset complete? (packer verify)"
+                ) from None
         self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
 
     def run(self) -> StageResult:
@@ -116,6 +156,7 @@ class Stager:
         fd = hold_shared(use)  # nobody removes the dataset while this process stages it
         try:
             self._ensure_root()
+            result.superseded = cache.evict_superseded(self.cache, self.root, str(self.origin))
             for shard in self.shards:
                 slot = ShardSlot(self.root, str(shard["name"]))
                 self._stage_shard(slot, shard, result)
@@ -138,12 +179,16 @@ class Stager:
             for stale in self.cache.glob(f"{self.root.name}{TMP_MARK}*"):
                 remove(stale)
             tmp = self.cache / f"{self.root.name}{TMP_MARK}{os.getpid()}"
-            (tmp / STAGING / "data").mkdir(parents=True)
-            (tmp / STAGING / "shards").mkdir()
+            mode = _dir_mode(self.origin)
+            for sub in ("", STAGING, f"{STAGING}/data", f"{STAGING}/shards"):
+                (tmp / sub).mkdir(mode)
             for name in self.small:
-                copy_checked(self.origin / name, tmp / name)
+                copy_checked(self.origin, name, tmp / name)
             self._check_index(tmp)
-            write_json_atomic(tmp / STAGING / "origin.json", {"path": str(self.origin)})
+            write_json_atomic(
+                tmp / STAGING / "origin.json",
+                {"path": str(self.origin), "generation": self.generation},
+            )
             for entries in self.entries.values():
                 for entry in entries:
                     os.symlink(self.origin / entry, tmp / entry)
@@ -153,7 +198,7 @@ class Stager:
 
     def _check_index(self, root: Path) -> None:
         recorded = self.meta.get("index_sha256")
-        if not recorded or not (root / INDEX_NAME).exists():
+        if not recorded:
             return
         digest = hashlib.sha256()
         with open(root / INDEX_NAME, "rb") as f:
@@ -201,25 +246,23 @@ class Stager:
 
     def _copy(self, slot: ShardSlot) -> None:
         name = slot.name
-        before = {rel: _stat(self.origin / rel) for rel in self.sizes[name]}
+        before = {rel: _stat(self.origin, rel) for rel in self.sizes[name]}
         files: dict[str, dict[str, int]] = {}
         temporaries = []
         for entry in self.entries[name]:
-            src = self.origin / entry
             tmp = slot.data / f"{entry}{TMP_MARK}{os.getpid()}"
             temporaries.append((tmp, slot.data / entry))
-            if src.is_dir():
-                tmp.mkdir()
-                for rel in self.files[name]:
+            inside = [rel for rel in self.files[name] if Path(rel).parts[0] == entry]
+            if inside != [entry]:  # a directory (an LMDB environment): its named files only
+                tmp.mkdir(_dir_mode(self.origin / entry))
+                for rel in inside:
                     inner = Path(*Path(rel).parts[1:])
-                    if Path(rel).parts[0] != entry:
-                        continue
                     (tmp / inner).parent.mkdir(parents=True, exist_ok=True)
-                    files[rel] = copy_checked(self.origin / rel, tmp / inner, self.progress)
+                    files[rel] = copy_checked(self.origin, rel, tmp / inner, self.progress)
                 fsync_dir(tmp)
             else:
-                files[entry] = copy_checked(src, tmp, self.progress)
-        after = {rel: _stat(self.origin / rel) for rel in self.sizes[name]}
+                files[entry] = copy_checked(self.origin, entry, tmp, self.progress)
+        after = {rel: _stat(self.origin, rel) for rel in self.sizes[name]}
         if after != before:
             raise StagingError(f"{self.origin}: shard {name} changed while it was copied")
         for tmp, final in temporaries:
@@ -242,7 +285,7 @@ class Stager:
         try:
             if manifest.get("entries") != self.entries[slot.name]:
                 return False
-            if manifest["origin"] != {rel: _stat(self.origin / rel) for rel in manifest["origin"]}:
+            if manifest["origin"] != {rel: _stat(self.origin, rel) for rel in manifest["origin"]}:
                 return False
             for rel, record in manifest["files"].items():
                 copy = slot.data / rel
@@ -250,7 +293,7 @@ class Stager:
                     return False
                 if self.check and crc_file(copy) != record["crc32"]:
                     return False
-        except (OSError, KeyError, TypeError):
+        except (OSError, KeyError, TypeError, NotRegularFileError):
             return False
         return True
 

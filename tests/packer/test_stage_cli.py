@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from packer.cli import app
-from readers.formats import FORMATS
+from readers.formats import FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
 
 runner = CliRunner()
@@ -105,3 +106,44 @@ def test_console_script_shows_a_progress_bar(packed: Path, tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     assert "staging out: 100%" in proc.stderr
     assert Path(proc.stdout.strip()).is_dir()
+
+
+def test_staging_a_rebuilt_dataset_removes_the_older_copy(
+    packed: Path, tree: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    first = runner.invoke(app, ["stage", str(packed), str(cache)])
+    assert first.exit_code == 0, first.output
+    old = Path(first.stdout.strip())
+    src, _ = tree
+    (src / "cat" / "img_000.png").unlink()  # another build: another meta.json
+    rebuilt = runner.invoke(app, ["build", str(src), str(packed), "--overwrite"])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    second = runner.invoke(app, ["stage", str(packed), str(cache)])
+    assert second.exit_code == 0, second.output
+    new = Path(second.stdout.strip())
+    assert new != old
+    assert not old.exists()
+    assert f"removed 1 staged copy(ies) of older builds of {packed}: {old.name}" in second.stderr
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == [new.name]
+
+
+def test_a_planted_link_is_not_staged_and_a_linked_shard_is_refused(
+    packed: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"TOP SECRET")
+    secret.chmod(0o600)
+    os.symlink(secret, packed / "evil")
+    result = runner.invoke(app, ["stage", str(packed), str(tmp_path / "cache")])
+    assert result.exit_code == 0, result.output
+    assert not (Path(result.stdout.strip()) / "evil").exists()
+
+    meta = json.loads((packed / META_NAME).read_text())
+    rel = REGISTRY[meta["format"]].shard_files(meta["shards"][-1]["name"])[0]
+    os.rename(packed / rel, tmp_path / "moved")
+    os.symlink(tmp_path / "moved", packed / rel)
+    result = runner.invoke(app, ["stage", str(packed), str(tmp_path / "cache2")])
+    assert result.exit_code == 2
+    assert f"{packed / rel}: is a symbolic link, not a regular file" in result.stderr
+    assert result.stdout == ""

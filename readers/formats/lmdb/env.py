@@ -3,6 +3,7 @@ shorter than the pages its header says it has."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -24,7 +25,11 @@ def open_lmdb_readonly(path: str) -> Any:
     """
     import lmdb
 
+    from readers.files import check_regular  # here: readers.files imports readers.formats
+
     data = os.path.join(path, DATA_FILE)
+    with contextlib.suppress(FileNotFoundError):  # missing: lmdb.open says so
+        check_regular(data)  # py-lmdb would block forever opening a FIFO
     try:
         env = lmdb.open(
             path,
