@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,14 @@ def test_meta_json_is_read_once_per_open(packed: Packed, monkeypatch: pytest.Mon
             opened.append(str(file))
         return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
 
+    real_os_open = os.open
+
+    def counting_os_open(file: object, *args: object, **kwargs: object) -> int:
+        if str(file).endswith(META_NAME):
+            opened.append(str(file))
+        return real_os_open(file, *args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(os, "open", counting_os_open)  # readers.files.open_regular
     open_dataset(packed.path)
     assert len(opened) == 1, opened
