@@ -1,16 +1,20 @@
-"""``packer verify`` checks of LMDB shards: num-samples, keys, labels as stored, and a bare
-LMDB in the PaddleOCR layout."""
+"""``packer verify`` checks of LMDB shards: every page a lookup can touch (walked with
+bounds-checked reads before LMDB opens the shard, so damage ends as problem lines, never as a
+SIGBUS), num-samples, keys, labels as stored, and a bare LMDB in the PaddleOCR layout."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import lmdb
+
 from packer.verify.common import Report, Rows, check_decode, check_stored, decoded_dims
 from readers.formats.layout import META_NAME
 from readers.formats.lmdb import (
     DATA_FILE,
     NUM_SAMPLES_KEY,
+    check_tree,
     encode_label,
     image_key,
     label_key,
@@ -32,16 +36,22 @@ class _Shards:
         if shard not in self.txns:
             name = self.meta["shards"][shard]["name"]
             path = self.root / name
+            self.txns[shard] = None
             try:
                 if not (path / DATA_FILE).exists():
                     raise FileNotFoundError(f"{path / DATA_FILE} is missing")
+                damage = check_tree(str(path / DATA_FILE))
+                if damage:
+                    for line in damage:
+                        self.report(f"{name}: {DATA_FILE}: {line}")
+                    self.report(f"{name}: not read further (its pages are damaged)")
+                    return None
                 env = shared_lmdb(str(path))
+                self.envs[shard] = env
+                self.txns[shard] = env.begin(buffers=True)
             except Exception as exc:
                 self.report(f"{name}: cannot open ({exc})")
-                self.txns[shard] = None
                 return None
-            self.envs[shard] = env
-            self.txns[shard] = env.begin(buffers=True)
         return self.txns[shard]
 
     def close(self) -> None:
@@ -55,20 +65,28 @@ def _check_shard_counts(shards: _Shards, report: Report) -> None:
         txn = shards.txn(number)
         if txn is None:
             continue
-        raw = txn.get(NUM_SAMPLES_KEY)
-        if raw is None:
-            report(f"{info['name']}: the num-samples key is missing")
-        elif bytes(raw) != str(info["count"]).encode():
-            report(
-                f"{info['name']}: num-samples is {bytes(raw).decode(errors='replace')!r}, "
-                f"expected {info['count']} ({META_NAME})"
-            )
-        entries = shards.envs[number].stat()["entries"]
-        if entries != 2 * int(info["count"]) + 1:
-            report(
-                f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "
-                "(an image and a label per sample, and num-samples)"
-            )
+        try:
+            _check_shard_count(txn, shards.envs[number], info, report)
+        except lmdb.Error as exc:
+            report(f"{info['name']}: cannot read num-samples ({exc})")
+
+
+def _check_shard_count(txn: Any, env: Any, info: dict[str, Any], report: Report) -> None:
+    """num-samples and the number of keys of one shard."""
+    raw = txn.get(NUM_SAMPLES_KEY)
+    if raw is None:
+        report(f"{info['name']}: the num-samples key is missing")
+    elif bytes(raw) != str(info["count"]).encode():
+        report(
+            f"{info['name']}: num-samples is {bytes(raw).decode(errors='replace')!r}, "
+            f"expected {info['count']} ({META_NAME})"
+        )
+    entries = env.stat()["entries"]
+    if entries != 2 * int(info["count"]) + 1:
+        report(
+            f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "
+            "(an image and a label per sample, and num-samples)"
+        )
 
 
 def verify_packed(
@@ -103,6 +121,16 @@ def _check_row(
     txn = shards.txn(shard)
     if txn is None:
         return
+    try:
+        _check_stored_row(txn, where, local, row, deep=deep, report=report)
+    except lmdb.Error as exc:
+        report(f"{where}: read failed ({exc})")
+
+
+def _check_stored_row(
+    txn: Any, where: str, local: int, row: dict[str, Any], *, deep: bool, report: Report
+) -> None:
+    key = image_key(local)
     data = txn.get(key)
     if data is None:
         report(f"{where}: the image key is missing")
@@ -124,10 +152,22 @@ def _check_row(
 def verify_bare(root: Path, *, deep: bool, report: Report) -> None:
     """Check a bare LMDB in the PaddleOCR layout: num-samples, every key, decodability."""
     try:
+        damage = check_tree(str(root / DATA_FILE))
+        if damage:
+            for line in damage:
+                report(f"{root}: {DATA_FILE}: {line}")
+            return
         env = shared_lmdb(str(root))
     except Exception as exc:
         report(f"{root}: cannot open as LMDB ({exc})")
         return
+    try:
+        _check_bare(env, root, deep=deep, report=report)
+    except lmdb.Error as exc:
+        report(f"{root}: read failed ({exc})")
+
+
+def _check_bare(env: Any, root: Path, *, deep: bool, report: Report) -> None:
     with env.begin(buffers=True) as txn:
         raw = txn.get(NUM_SAMPLES_KEY)
         if raw is None:

@@ -33,6 +33,7 @@ from readers.formats.lmdb.pages import (
     value_offsets,
     value_problem,
 )
+from readers.formats.lmdb.tree import LookupGuard, MetaPage, check_tree, read_meta
 
 __all__ = [
     "DATA_FILE",
@@ -42,13 +43,17 @@ __all__ = [
     "PAGE_HEADER",
     "P_OVERFLOW",
     "LmdbFormat",
+    "LookupGuard",
+    "MetaPage",
     "buffer_address",
+    "check_tree",
     "encode_label",
     "image_key",
     "label_key",
     "map_base",
     "open_lmdb_readonly",
     "overflow_value",
+    "read_meta",
     "shared_lmdb",
     "value_offsets",
     "value_problem",
