@@ -1,10 +1,13 @@
-"""``packer verify`` checks of LMDB shards: num-samples, keys, labels as stored, and a bare
-LMDB in the PaddleOCR layout."""
+"""``packer verify`` checks of LMDB shards: every page a lookup can touch (walked with
+bounds-checked reads before LMDB opens the shard, so damage ends as problem lines, never as a
+SIGBUS), num-samples, keys, labels as stored, and a bare LMDB in the PaddleOCR layout."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import lmdb
 
 from packer.verify.common import Report, Rows, check_decode, check_stored, decoded_dims
 from readers.errors import DatasetRebuiltError
@@ -12,6 +15,7 @@ from readers.formats.layout import META_NAME
 from readers.formats.lmdb import (
     DATA_FILE,
     NUM_SAMPLES_KEY,
+    check_tree,
     encode_label,
     image_key,
     label_key,
@@ -33,6 +37,7 @@ class _Shards:
         self.env: Any = None
         self._txn: Any = None
         self.failed: set[int] = set()
+        self.walked: set[int] = set()  # shards whose pages check_tree has walked
 
     def txn(self, shard: int) -> Any:
         if shard in self.failed:
@@ -44,6 +49,14 @@ class _Shards:
             try:
                 if not (path / DATA_FILE).exists():
                     raise FileNotFoundError(f"{path / DATA_FILE} is missing")
+                damage = [] if shard in self.walked else check_tree(str(path / DATA_FILE))
+                self.walked.add(shard)
+                if damage:
+                    for line in damage:
+                        self.report(f"{name}: {DATA_FILE}: {line}")
+                    self.report(f"{name}: not read further (its pages are damaged)")
+                    self.failed.add(shard)
+                    return None
                 env = shared_lmdb(str(path))
                 self.identity.check_shard(str(path))
             except DatasetRebuiltError:
@@ -66,20 +79,28 @@ def _check_shard_counts(shards: _Shards, report: Report) -> None:
         txn = shards.txn(number)
         if txn is None:
             continue
-        raw = txn.get(NUM_SAMPLES_KEY)
-        if raw is None:
-            report(f"{info['name']}: the num-samples key is missing")
-        elif bytes(raw) != str(info["count"]).encode():
-            report(
-                f"{info['name']}: num-samples is {bytes(raw).decode(errors='replace')!r}, "
-                f"expected {info['count']} ({META_NAME})"
-            )
-        entries = shards.env.stat()["entries"]
-        if entries != 2 * int(info["count"]) + 1:
-            report(
-                f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "
-                "(an image and a label per sample, and num-samples)"
-            )
+        try:
+            _check_shard_count(txn, shards.env, info, report)
+        except lmdb.Error as exc:
+            report(f"{info['name']}: cannot read num-samples ({exc})")
+
+
+def _check_shard_count(txn: Any, env: Any, info: dict[str, Any], report: Report) -> None:
+    """num-samples and the number of keys of one shard."""
+    raw = txn.get(NUM_SAMPLES_KEY)
+    if raw is None:
+        report(f"{info['name']}: the num-samples key is missing")
+    elif bytes(raw) != str(info["count"]).encode():
+        report(
+            f"{info['name']}: num-samples is {bytes(raw).decode(errors='replace')!r}, "
+            f"expected {info['count']} ({META_NAME})"
+        )
+    entries = env.stat()["entries"]
+    if entries != 2 * int(info["count"]) + 1:
+        report(
+            f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "
+            "(an image and a label per sample, and num-samples)"
+        )
 
 
 def verify_packed(
@@ -114,6 +135,16 @@ def _check_row(
     txn = shards.txn(shard)
     if txn is None:
         return
+    try:
+        _check_stored_row(txn, where, local, row, deep=deep, report=report)
+    except lmdb.Error as exc:
+        report(f"{where}: read failed ({exc})")
+
+
+def _check_stored_row(
+    txn: Any, where: str, local: int, row: dict[str, Any], *, deep: bool, report: Report
+) -> None:
+    key = image_key(local)
     data = txn.get(key)
     if data is None:
         report(f"{where}: the image key is missing")
@@ -135,10 +166,22 @@ def _check_row(
 def verify_bare(root: Path, *, deep: bool, report: Report) -> None:
     """Check a bare LMDB in the PaddleOCR layout: num-samples, every key, decodability."""
     try:
+        damage = check_tree(str(root / DATA_FILE))
+        if damage:
+            for line in damage:
+                report(f"{root}: {DATA_FILE}: {line}")
+            return
         env = shared_lmdb(str(root))
     except Exception as exc:
         report(f"{root}: cannot open as LMDB ({exc})")
         return
+    try:
+        _check_bare(env, root, deep=deep, report=report)
+    except lmdb.Error as exc:
+        report(f"{root}: read failed ({exc})")
+
+
+def _check_bare(env: Any, root: Path, *, deep: bool, report: Report) -> None:
     with env.begin(buffers=True) as txn:
         raw = txn.get(NUM_SAMPLES_KEY)
         if raw is None:

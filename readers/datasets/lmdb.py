@@ -15,6 +15,7 @@ from readers.formats.lmdb import (
     DATA_FILE,
     FORMAT,
     NUM_SAMPLES_KEY,
+    LookupGuard,
     image_key,
     label_key,
     overflow_value,
@@ -58,6 +59,8 @@ class LmdbDataset(ShardedDataset):
     format = FORMAT.name
     _direct_maps: dict[int, tuple[Any, int] | None]  # set on first read, per process
     _direct_generation = -1
+    _guards: dict[int, LookupGuard]  # per shard, per process
+    _guard_generation = -1
 
     def _open_bare(self) -> None:
         if FORMAT.find_bare(self.root) is None:
@@ -65,8 +68,15 @@ class LmdbDataset(ShardedDataset):
                 f"{self.root}: neither a packed dataset ({META_NAME}) nor an LMDB ({DATA_FILE})"
             )
         self._shard_paths = [str(self.root)]
-        with self._env(0).begin() as txn:
+        with self._env(0).begin(buffers=True) as txn:
+            try:
+                problem = self._guard(0).problem(NUM_SAMPLES_KEY)
+            except RecordError as exc:
+                raise DatasetFormatError(str(exc)) from exc
+            if problem is not None:
+                raise DatasetFormatError(f"{self.root}: damaged LMDB pages: {problem}")
             raw = txn.get(NUM_SAMPLES_KEY)
+            raw = None if raw is None else bytes(raw)
         if raw is None:
             raise DatasetFormatError(
                 f"{self.root}: an LMDB without a 'num-samples' key; expected the PaddleOCR "
@@ -112,14 +122,14 @@ class LmdbDataset(ShardedDataset):
             if view is not None and self.index is not None:
                 return self._image(i, view, shard, key, as_bytes), self.index.labels[i]
             with self._env(shard).begin(buffers=True) as txn:
-                buf = txn.get(key)
+                buf = self._checked(txn, key, i, shard)
                 if buf is None:
                     raise RecordError(f"{self._where(i, shard, key)}: the key is missing")
                 image = self._image(i, buf, shard, key, as_bytes)
                 if self.index is not None:
                     label: Any = self.index.labels[i]
                 else:
-                    raw = txn.get(label_key(local))
+                    raw = self._checked(txn, label_key(local), i, shard)
                     label = None if raw is None else bytes(raw).decode("utf-8")
         except RecordError:
             raise
@@ -132,6 +142,34 @@ class LmdbDataset(ShardedDataset):
         except lmdb.Error as exc:
             raise RecordError(f"{self._where(i, shard, key)}: read failed ({exc})") from exc
         return image, label
+
+    def _guard(self, shard: int) -> LookupGuard:
+        """The check of the pages a lookup in `shard` touches, made once per process.
+
+        Raises:
+            RecordError: the shard's meta pages are damaged.
+        """
+        if self._guard_generation != handles.generation:
+            self._guards = {}
+            self._guard_generation = handles.generation
+        guard = self._guards.get(shard)
+        if guard is None:
+            data = os.path.join(self._shard_paths[shard], DATA_FILE)
+            try:
+                guard = self._guards[shard] = LookupGuard(handles.shared_mmap(data))
+            except ValueError as exc:
+                raise RecordError(f"{data}: {exc}") from exc
+        return guard
+
+    def _checked(self, txn: Any, key: bytes, i: int, shard: int) -> Any:
+        """The value of `key` (None when missing), looked up once the pages the lookup touches
+        and the value's extent are known to lie inside the file and its page layout: py-lmdb
+        touches the value inside ``get``, and a damaged length or page number would make that
+        kill the process (SIGBUS)."""
+        problem = self._guard(shard).problem(key)
+        if problem is not None:
+            raise RecordError(f"{self._where(i, shard, key)}: damaged LMDB pages: {problem}")
+        return txn.get(key)
 
     def _image(self, i: int, buf: Any, shard: int, key: bytes, as_bytes: bool) -> Any:
         self._check_crc(i, buf, lambda: self._where(i, shard, key))
@@ -180,7 +218,7 @@ class LmdbDataset(ShardedDataset):
             mapped = handles.shared_mmap(os.path.join(self._shard_paths[shard], DATA_FILE))
             with env.begin(buffers=True) as txn:
                 for i in picks.tolist():
-                    stored = txn.get(image_key(i - lo + 1))
+                    stored = self._checked(txn, image_key(i - lo + 1), i, shard)
                     found = self._at_offset(mapped, i, page_size)
                     if stored is None:
                         return None
@@ -189,7 +227,7 @@ class LmdbDataset(ShardedDataset):
                             return None
                     elif bytes(found) != bytes(stored):
                         return None
-        except (lmdb.Error, OSError, ValueError, DatasetFormatError):
+        except (lmdb.Error, OSError, ValueError, DatasetFormatError, RecordError):
             return None
         return mapped, page_size
 
@@ -197,4 +235,6 @@ class LmdbDataset(ShardedDataset):
         state = super().__getstate__()
         state["_direct_maps"] = {}
         state["_direct_generation"] = -1
+        state["_guards"] = {}
+        state["_guard_generation"] = -1
         return state

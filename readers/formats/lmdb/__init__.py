@@ -2,9 +2,9 @@
 ``label-%09d`` from 1), how a shard is opened for reading, and how a bare LMDB is recognised.
 
 The byte layout lives in ``keys`` (keys, file names, stored labels), ``pages`` (LMDB 0.9's page
-header, where values lie and whether a value's extent fits the file) and ``tree`` (a
-bounds-checked walk over every page a lookup can touch, for ``packer verify``); ``env`` opens a
-shard. This package imports no paddle and no packer.
+header, reading a value at its offset, where values lie) and ``tree`` (meta pages, and
+bounds-checked checks of every page a lookup can touch: the whole tree for ``packer verify``,
+one lookup's path for readers); ``env`` opens a shard. This package imports no paddle and no packer.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from readers.formats.lmdb.pages import (
     map_base,
     overflow_value,
     value_offsets,
-    value_problem,
 )
+from readers.formats.lmdb.tree import LookupGuard, MetaPage, check_tree, read_meta
 
 __all__ = [
     "DATA_FILE",
@@ -42,16 +42,19 @@ __all__ = [
     "PAGE_HEADER",
     "P_OVERFLOW",
     "LmdbFormat",
+    "LookupGuard",
+    "MetaPage",
     "buffer_address",
+    "check_tree",
     "encode_label",
     "image_key",
     "label_key",
     "map_base",
     "open_lmdb_readonly",
     "overflow_value",
+    "read_meta",
     "shared_lmdb",
     "value_offsets",
-    "value_problem",
 ]
 
 

@@ -1,14 +1,6 @@
-"""LMDB 0.9's page layout as far as readers rely on it: the page header, where a value lies in
-``data.mdb``, and whether a value LMDB hands out lies inside the file and its page layout
-before anything touches it.
-
-LMDB maps ``data.mdb`` and gives out pointers into the mapping; it trusts the lengths and page
-numbers stored in its pages. A damaged length makes a value run past the end of the file, and
-touching it kills the process with SIGBUS, which no ``except`` catches. So a value's extent is
-checked here against the file and against the page that must hold it: a value of more than
-about half a page starts right after the header of its own overflow pages, a smaller one lies
-inside its leaf page.
-"""
+"""LMDB 0.9's page header, reading an overflow value straight from a mapping of ``data.mdb``
+at its index offset (checked against the page header first), and finding where each value of a
+freshly written shard lies in the file."""
 
 from __future__ import annotations
 
@@ -42,29 +34,6 @@ def overflow_value(mapped: Any, offset: int, nbytes: int, page_size: int) -> mem
     if pages * page_size < nbytes + PAGE_HEADER.size:
         return None
     return memoryview(mapped)[offset : offset + nbytes]
-
-
-def value_problem(mapped: Any, offset: int, nbytes: int, page_size: int) -> str | None:
-    """Why the `nbytes` at `offset` of ``data.mdb`` (`mapped`: a bounds-checked mapping of the
-    whole file) cannot be a value LMDB stored, or None when they can: they must lie inside
-    the file, and either on overflow pages whose header spans them or inside one leaf page."""
-    size = len(mapped)
-    if offset < 0 or offset + nbytes > size:
-        return (
-            f"a value of {nbytes} bytes at offset {offset} lies outside data.mdb ({size} "
-            "bytes): a damaged length or page number"
-        )
-    if overflow_value(mapped, offset, nbytes, page_size) is not None:
-        return None
-    page = offset // page_size
-    if offset % page_size >= PAGE_HEADER.size and (offset + nbytes - 1) // page_size <= page:
-        _, _, flags, _ = PAGE_HEADER.unpack_from(mapped, page * page_size)
-        if flags & P_LEAF:
-            return None
-    return (
-        f"a value of {nbytes} bytes at offset {offset} (page {page}) is neither on overflow "
-        "pages that span it nor inside a leaf page: a damaged length or page number"
-    )
 
 
 def buffer_address(value: Any) -> int:
