@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from readers.errors import DatasetFormatError
-from readers.formats.layout import ERRORS_NAME, INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
+from readers.formats.layout import (
+    ERRORS_NAME,
+    INDEX_COLUMNAR_NAME,
+    INDEX_NAME,
+    META_NAME,
+    WARNINGS_NAME,
+)
 
 if TYPE_CHECKING:
     from readers.formats.base import ShardFormat
-
-WARNINGS_NAME = "warnings.jsonl"  # packer.problems.WARNINGS_NAME (readers cannot import it)
 
 DATASET_FILES = (META_NAME, INDEX_NAME, INDEX_COLUMNAR_NAME, ERRORS_NAME, WARNINGS_NAME)
 """The files of a packed dataset besides its shards, as ``packer build`` writes them

@@ -1,4 +1,5 @@
-"""Modules stay small enough to read: no module over 400 lines, no class over 250."""
+"""Modules stay small enough to read: no module over 600 lines (split where a concept splits,
+not at a line count), no class over 300."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_MODULE_LINES = 400
-MAX_CLASS_LINES = 250
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
 
 SOURCES = sorted(p for d in ("packer", "readers", "scripts") for p in (ROOT / d).rglob("*.py"))
 

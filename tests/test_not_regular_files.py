@@ -236,7 +236,7 @@ def test_open_inside_follows_no_link_on_its_way(tmp_path: Path) -> None:
 
 
 def test_dataset_files_name_what_packer_build_writes(built: dict[str, Path]) -> None:
-    from packer.problems import WARNINGS_NAME
+    from readers.formats.layout import WARNINGS_NAME
 
     assert WARNINGS_NAME in DATASET_FILES
     for fmt, out in built.items():

@@ -153,7 +153,7 @@ class LmdbDataset(ShardedDataset):
             self._guards = {}
             self._guard_generation = handles.generation
         guard = self._guards.get(shard)
-        if guard is None:
+        if guard is None or not _still_open(guard.buf):  # its mapping closed to bound files
             data = os.path.join(self._shard_paths[shard], DATA_FILE)
             try:
                 guard = self._guards[shard] = LookupGuard(handles.shared_mmap(data))
