@@ -174,13 +174,18 @@ def source_seed(seed: int, source: int) -> int:
 
 def pass_order(src: MixSource, *, seed: int, source: int, pass_: int, shuffle: bool) -> IntArray:
     """Pass ``pass_`` of source ``source``: its selected local ids, chunked (window off)."""
+    return _pass(src, source_seed(seed, source), pass_, shuffle)
+
+
+def _pass(src: MixSource, seed: int, pass_: int, shuffle: bool) -> IntArray:
+    if src.size == 1 or not shuffle:  # the same every pass: skip the generator
+        return np.arange(src.size, dtype=np.int64) if src.ids is None else src.ids.copy()
     return chunk_order(
         src.bounds,
         chunk_size=src.chunk_size,
         window=0,
-        seed=source_seed(seed, source),
+        seed=seed,
         epoch=pass_,
-        shuffle=shuffle,
         ids=src.ids,
     )
 
@@ -214,10 +219,11 @@ def draws(
         raise ValueError(f"source {source} has no (selected) samples, but it must give {count}")
     first, stop = int(epoch) * count, (int(epoch) + 1) * count
     lo = src.chunk_lo()
+    sseed = source_seed(seed, source)
     pieces, starts = [], []
     for p in range(first // m, (stop - 1) // m + 1):
         a, b = max(first - p * m, 0), min(stop - p * m, m)
-        ids = pass_order(src, seed=seed, source=source, pass_=p, shuffle=shuffle)[a:b]
+        ids = _pass(src, sseed, p, shuffle)[a:b]
         chunk = np.searchsorted(lo, ids, side="right")
         start = np.ones(ids.size, dtype=np.bool_)
         start[1:] = chunk[1:] != chunk[:-1]

@@ -178,7 +178,7 @@ def test_passes_continue_across_epochs_without_replacement(
         for i, src in enumerate(sources):
             c, m = int(counts[i]), src.size
             per_epoch = [
-                draws(src, count=c, seed=seed, source=i, epoch=e, shuffle=True)[0] for e in range(6)
+                draws(src, count=c, seed=seed, source=i, epoch=e, shuffle=True)[0] for e in range(4)
             ]
             seq = np.concatenate(per_epoch)
             for p in range(seq.size // m):
@@ -189,7 +189,7 @@ def test_passes_continue_across_epochs_without_replacement(
             tail = seq[seq.size // m * m :]
             assert len(set(tail.tolist())) == tail.size, "a partial pass repeats nothing"
             # the mixed epoch order holds exactly these draws of each source
-            for e in (0, 5):
+            for e in (0, 3):
                 order = Mixture(sources, weights, n).order(e, window=4, seed=seed)
                 mine = np.sort(order[source_of(sources, order) == i]) - src.offset
                 np.testing.assert_array_equal(mine, np.sort(per_epoch[e]))
