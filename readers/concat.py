@@ -4,7 +4,7 @@ Each source keeps its own shards, index, handles and read-ahead: ``ds[i]`` is th
 ``ds[j]`` for the local id ``j = i - offsets[s]``, so the source's read-ahead watches its own
 local ids. The concatenation answers what the samplers ask of one dataset (``shard_bounds``,
 ``index.nbytes``, ``labels``, ``prefetch``) with the offsets applied, and exposes its sources
-(``datasets``, ``offsets``) for weighted mixing (:mod:`readers.mixing`).
+(``datasets``, ``offsets``) for weighted mixing (:mod:`readers.mixture`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 import paddle
 
-from readers.io.hints import resolve_chunk_size
-from readers.mixing import MixSource, Mixture
 from readers.order import IntArray
 from readers.selection import dataset_bounds
 from readers.stream_reader import finish_item, open_source
@@ -28,8 +26,6 @@ __all__ = [
     "ConcatDataset",
     "ConcatIndex",
     "StreamSources",
-    "finish_concat_item",
-    "mixture_of",
     "open_stream_sources",
 ]
 
@@ -202,112 +198,63 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
                 hint(lo - int(self.offsets[s]), hi - int(self.offsets[s]))
 
 
-# --------------------------------------------------------------------------- for samplers
-
-
-def _is_concat(dataset: Any) -> bool:
-    return hasattr(dataset, "datasets") and hasattr(dataset, "offsets")
-
-
-def mixture_of(
-    dataset: Any,
-    *,
-    ids: IntArray | None,
-    chunk_size: int | None,
-    weights: Sequence[float] | None,
-    epoch_samples: int | None,
-    mix: str = "epoch",
-    batch_size: int | None = None,
-) -> Mixture:
-    """The weighted mixture of a `ConcatDataset`'s sources, as the samplers and streams use it.
-
-    Args:
-        dataset: A ConcatDataset (anything with ``datasets`` and ``offsets``).
-        ids: The selected global ids (sorted), or None for all.
-        chunk_size: Samples per chunk of every source; None: each source's own size-based
-            default (``readers.io.hints.resolve_chunk_size``).
-        weights: One positive weight per source; None: the sources' selected sizes.
-        epoch_samples: Samples per epoch; None: the selected samples of all sources.
-        mix: ``"epoch"`` or ``"batch"``.
-        batch_size: For ``mix="batch"``.
-
-    Raises:
-        ValueError: ``dataset`` is not a ConcatDataset, or the mixture's parameters are bad
-            (`readers.mixing.Mixture`).
-    """
-    if not _is_concat(dataset):
-        raise ValueError(
-            f"weights=, epoch_samples= and mix= mix the sources of a readers.ConcatDataset, "
-            f"but got a {type(dataset).__name__}; wrap the datasets: ConcatDataset([a, b, ...])"
-        )
-    offsets = np.asarray(dataset.offsets, dtype=np.int64)
-    sources = []
-    for s, d in enumerate(dataset.datasets):
-        lo, hi = int(offsets[s]), int(offsets[s + 1])
-        local = None
-        if ids is not None:
-            part = ids[(ids >= lo) & (ids < hi)] - lo
-            local = None if part.size == hi - lo else part.astype(np.int64)
-        size = resolve_chunk_size(d, chunk_size, local)
-        sources.append(MixSource(dataset_bounds(d), local, int(size), lo))
-    if epoch_samples is None:
-        epoch_samples = sum(src.size for src in sources)
-        if epoch_samples == 0:
-            raise ValueError("the ConcatDataset has no selected samples to mix")
-    if weights is None:
-        weights = [float(max(src.size, 0)) for src in sources]
-    return Mixture(tuple(sources), tuple(weights), epoch_samples, mix, batch_size)
-
-
 # --------------------------------------------------------------------------- for ShardStream
 
 
 @dataclass(frozen=True)
 class StreamSources:
-    """What ShardStream reads from several sources: the concatenation of stored-byte copies,
-    and each source's decode mode (None: not packed) and transform."""
+    """What ShardStream reads: one dataset (``single``) or the concatenation of several, and
+    each source's decode mode (None: not packed) and transform."""
 
-    dataset: ConcatDataset
+    dataset: Any
     decodes: tuple[str | None, ...]
     transforms: tuple[Callable[[Any], Any] | None, ...]
+    single: bool
+
+    def opened(
+        self, decode: str | None, transform: Callable[[Any], Any] | None
+    ) -> tuple[Any, str | None, Callable[[Any], Any] | None]:
+        """``(dataset, decode, transform)``: of the one source, or the ones asked for (each of
+        several sources decodes with its own)."""
+        if self.single:
+            return self.dataset, self.decodes[0], self.transforms[0]
+        return self.dataset, decode, transform
+
+    def finish(self, i: int, item: Any) -> Any:
+        """``finish_item`` of sample ``i`` with the decode mode and transform of its source."""
+        if self.single:
+            return finish_item(
+                self.dataset, i, item, decode=self.decodes[0], transform=self.transforms[0]
+            )
+        s, j = self.dataset.locate(i)
+        return finish_item(
+            self.dataset.datasets[s], j, item, decode=self.decodes[s], transform=self.transforms[s]
+        )
 
 
 def open_stream_sources(
-    sources: Sequence[Any] | ConcatDataset,
+    source: Any,
     *,
     decode: str | None,
     transform: Callable[[Any], Any] | None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
 ) -> StreamSources:
-    """Each source opened as ``readers.stream_reader.open_source`` opens one, concatenated.
-
-    A `ConcatDataset` counts as its list of sources (and keeps its ``classes`` mode).
-    """
+    """What a stream reads from ``source``: one dataset, opened as
+    ``readers.stream_reader.open_source`` opens it, or, for a list of sources or a
+    `ConcatDataset` (which keeps its ``classes`` mode), each of them so, concatenated."""
+    kw: dict[str, Any] = {"decode": decode, "transform": transform}
+    kw |= {"cache_dir": cache_dir, "cache_limit": cache_limit}
+    if not isinstance(source, list | tuple | ConcatDataset):
+        one = open_source(source, **kw)
+        return StreamSources(one.dataset, (one.decode,), (one.transform,), single=True)
     classes = "keep"
-    if isinstance(sources, ConcatDataset):
-        classes, sources = sources.class_mode, sources.datasets
-    opened = [
-        open_source(
-            s, decode=decode, transform=transform, cache_dir=cache_dir, cache_limit=cache_limit
-        )
-        for s in sources
-    ]
+    if isinstance(source, ConcatDataset):
+        classes, source = source.class_mode, source.datasets
+    opened = [open_source(s, **kw) for s in source]
     return StreamSources(
         ConcatDataset([o.dataset for o in opened], classes=classes),
         tuple(o.decode for o in opened),
         tuple(o.transform for o in opened),
+        single=False,
     )
-
-
-def finish_concat_item(
-    dataset: ConcatDataset,
-    i: int,
-    item: Any,
-    *,
-    decodes: Sequence[str | None],
-    transforms: Sequence[Callable[[Any], Any] | None],
-) -> Any:
-    """``finish_item`` of sample ``i`` with the decode mode and transform of its source."""
-    s, j = dataset.locate(i)
-    return finish_item(dataset.datasets[s], j, item, decode=decodes[s], transform=transforms[s])

@@ -1,8 +1,9 @@
 """Weighted mixing of several sources as pure functions of (seed, epoch) and the layout.
 
-Used by :mod:`readers.samplers` and :mod:`readers.stream` over a ``readers.ConcatDataset``;
-no paddle, no I/O. Source ``i`` holds ``m_i`` selected samples (its local ids, shard bounds and
-chunk size are a `MixSource`); global ids are ``offset_i + local id``.
+Used by :mod:`readers.samplers` and :mod:`readers.stream` over a ``readers.ConcatDataset``
+(through :class:`readers.mixture.Mixture`); no paddle, no I/O. Source ``i`` holds ``m_i``
+selected samples (its local ids, shard bounds and chunk size are a `MixSource`); global ids
+are ``offset_i + local id``.
 
 1. **Exact counts** (``mix_counts``). An epoch draws ``N`` samples (``epoch_samples``), source
    ``i`` contributing ``c_i``: the largest-remainder rounding of the quotas ``N * w_i / sum(w)``,
@@ -58,7 +59,6 @@ __all__ = [
     "MIXES",
     "MIX_TAG",
     "MixSource",
-    "Mixture",
     "batch_order",
     "check_weights",
     "draws",
@@ -358,142 +358,3 @@ def rank_share(
     pos = (np.arange(start, stop, dtype=np.int64) % units)[:, None] * unit
     padded: IntArray = order[(pos + np.arange(unit, dtype=np.int64)).ravel()]
     return padded
-
-
-# --------------------------------------------------------------------------- a mixture
-
-
-@dataclass(frozen=True)
-class Mixture:
-    """Sources, weights and counts of a weighted mixture; the orders of its epochs.
-
-    Args:
-        sources: The sources, in the order of their offsets.
-        weights: Positive weights, one per source (`check_weights`).
-        epoch_samples: Samples per epoch ``N`` (>= 1); with ``mix="batch"`` rounded down to
-            whole batches.
-        mix: ``"epoch"`` or ``"batch"``.
-        batch_size: The batch size, for ``mix="batch"``.
-    """
-
-    sources: tuple[MixSource, ...]
-    weights: tuple[float, ...]
-    epoch_samples: int
-    mix: str = "epoch"
-    batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.mix not in MIXES:
-            raise ValueError(f"mix={self.mix!r}: expected 'epoch' or 'batch'")
-        check_nonneg("epoch_samples", self.epoch_samples, 1)
-        object.__setattr__(self, "weights", check_weights(self.weights, len(self.sources)))
-        if self.mix == "batch":
-            if self.batch_size is None:
-                raise ValueError(
-                    "mix='batch' fixes the per-source counts of every batch, so it needs the "
-                    "batch size: use ChunkShuffleBatchSampler(..., mix='batch')"
-                )
-            check_nonneg("batch_size", self.batch_size, 1)
-            if self.epoch_samples < self.batch_size:
-                raise ValueError(
-                    f"mix='batch' draws whole batches, but epoch_samples={self.epoch_samples} "
-                    f"is less than one batch of {self.batch_size}"
-                )
-            comp = mix_counts(self.batch_size, self.weights)
-            if np.any(comp == 0):
-                i = int(np.flatnonzero(comp == 0)[0])
-                raise ValueError(
-                    f"mix='batch': weights {list(self.weights)} give source {i} no sample in "
-                    f"a batch of {self.batch_size} (per-batch counts {comp.tolist()}); raise "
-                    "its weight or the batch size"
-                )
-        for i, (src, c) in enumerate(zip(self.sources, self.counts.tolist(), strict=True)):
-            if c > 0 and src.size == 0:
-                raise ValueError(
-                    f"source {i} has no selected samples, but weights {list(self.weights)} "
-                    f"give it {c} of each epoch; drop it from the ConcatDataset or the selection"
-                )
-
-    @property
-    def composition(self) -> IntArray:
-        """Samples of each source in every batch (mix="batch")."""
-        assert self.batch_size is not None
-        return mix_counts(self.batch_size, self.weights)
-
-    @property
-    def num_batches(self) -> int:
-        """Batches per epoch (mix="batch")."""
-        assert self.batch_size is not None
-        return self.epoch_samples // self.batch_size
-
-    @property
-    def counts(self) -> IntArray:
-        """Draws of each source per epoch; their sum is `num_ordered`."""
-        if self.mix == "batch":
-            return self.composition * self.num_batches
-        return mix_counts(self.epoch_samples, self.weights)
-
-    @property
-    def num_ordered(self) -> int:
-        """Samples in the global order of an epoch."""
-        return int(self.counts.sum())
-
-    @property
-    def split_unit(self) -> int | None:
-        """The batch size ranks split by (mix="batch"), else None (by samples)."""
-        return self.batch_size if self.mix == "batch" else None
-
-    def order(self, epoch: int, *, window: int, seed: int, shuffle: bool = True) -> IntArray:
-        """The global order of ``epoch`` (the same for every world size)."""
-        if self.mix == "batch":
-            return batch_order(
-                self.sources,
-                self.composition,
-                num_batches=self.num_batches,
-                window=window,
-                seed=seed,
-                epoch=epoch,
-                shuffle=shuffle,
-            )
-        return epoch_order(
-            self.sources, self.counts, window=window, seed=seed, epoch=epoch, shuffle=shuffle
-        )
-
-    def rank_length(self, *, world_size: int, drop_last: bool) -> int:
-        """Samples each rank gets per epoch (every rank the same)."""
-        unit = self.split_unit or 1
-        start, stop = rank_span(
-            self.num_ordered // unit, rank=0, world_size=world_size, drop_last=drop_last
-        )
-        return (stop - start) * unit
-
-    def mean_chunk_size(self) -> int:
-        """The sources' chunk sizes averaged by their draws per epoch (at least 1): one number
-        for what reads ahead by chunks."""
-        counts = self.counts
-        sizes = np.array([s.chunk_size for s in self.sources], dtype=np.int64)
-        total = int(counts.sum())
-        return max(1, round(float((sizes * counts).sum()) / total)) if total else 1
-
-    def chunk_table(self) -> tuple[IntArray, IntArray]:
-        """Every source's chunks as global id ranges ``(lo, hi)``, in id order."""
-        los, his = [], []
-        for src in self.sources:
-            lo, hi = chunk_ranges(src.bounds, chunk_size=src.chunk_size, ids=src.ids)
-            los.append(lo + src.offset)
-            his.append(hi + src.offset)
-        if not los:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty
-        return np.concatenate(los), np.concatenate(his)
-
-    def params(self) -> dict[str, object]:
-        """What a resume state records of the mixture (JSON-friendly)."""
-        return {
-            "weights": list(self.weights),
-            "epoch_samples": self.epoch_samples,
-            "mix": self.mix,
-            "mix_batch_size": self.split_unit,
-            "chunk_sizes": [s.chunk_size for s in self.sources],
-            "source_sizes": [s.size for s in self.sources],
-        }

@@ -27,8 +27,7 @@ from readers.io.hints import (
     lookahead_samples,
     resolve_chunk_size,
 )
-from readers.mixing import Mixture
-from readers.mixing import rank_share as mix_rank_share
+from readers.mixture import Mixture, mixture_of
 from readers.order import (
     IntArray,
     check_nonneg,
@@ -133,8 +132,6 @@ class ChunkShuffleSampler(RankedEpochs):
         self._ids = select_ids(dataset, indices, labels)
         self._mix: Mixture | None = None
         if weights is not None or epoch_samples is not None or mix is not None:
-            from readers.concat import mixture_of  # lazy: it imports paddle
-
             self._mix = mixture_of(
                 dataset,
                 ids=self._ids,
@@ -200,15 +197,7 @@ class ChunkShuffleSampler(RankedEpochs):
                     self._bounds, epoch=epoch, window=self._window, ids=self._ids
                 )
             else:
-                share = mix_rank_share(
-                    self._mix.order(
-                        epoch, window=self._window, seed=self._seed, shuffle=self._shuffle
-                    ),
-                    rank=self._rank,
-                    world_size=self._world_size,
-                    drop_last=self._drop_last,
-                    batch_size=self._mix.split_unit,
-                )
+                share = self._mix.rank_share(epoch, window=self._window, **self._split_args())
             self._cache = (epoch, share)
         return self._cache[1]
 

@@ -58,17 +58,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
 import paddle
 
-from readers.concat import finish_concat_item, mixture_of, open_stream_sources
+from readers.concat import open_stream_sources
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
 from readers.io.hints import DEFAULT_CHUNK_SIZE, resolve_chunk_size
-from readers.mixing import Mixture
-from readers.mixing import rank_share as mix_rank_share
+from readers.mixture import Mixture, mixture_of
 from readers.order import (
     IntArray,
     buffer_order,
@@ -80,7 +78,7 @@ from readers.order import (
 )
 from readers.resume import StreamResume, loader_shape, read_stream_state, stream_state
 from readers.selection import SizedDataset, dataset_bounds
-from readers.stream_reader import finish_item, open_source, serve
+from readers.stream_reader import serve
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -102,6 +100,19 @@ _SECOND_PASS = (
     "not reach it), and paddle 3.3 cannot run an IterableDataset with persistent workers; use "
     "persistent_workers=False"
 )
+
+
+def _order_size(
+    dataset: Any, chunk_size: int | None, weights: Any, epoch_samples: int | None
+) -> tuple[Mixture | None, int, int]:
+    """The mixture (None without weights or epoch_samples), the chunk size, and the samples of
+    the global order of an epoch."""
+    if weights is None and epoch_samples is None:
+        return None, resolve_chunk_size(dataset, chunk_size, None), len(dataset)
+    mix = mixture_of(
+        dataset, ids=None, chunk_size=chunk_size, weights=weights, epoch_samples=epoch_samples
+    )
+    return mix, mix.mean_chunk_size(), mix.num_ordered
 
 
 def _worker_info() -> Any:
@@ -147,12 +158,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         world_size: Number of ranks; default ``paddle.distributed.get_world_size()``.
         cache_dir, cache_limit: With a directory ``source``: read its node-local copy,
             ``readers.staging.stage(source, cache_dir, cache_limit=cache_limit)``.
-        weights: With several sources: one positive weight per source; each epoch draws
-            ``epoch_samples``, source ``i`` exactly ``round(N * w_i / sum(w))`` (largest
-            remainder), as ``ChunkShuffleSampler(weights=...)`` does (:mod:`readers.mixing`;
-            mix="epoch" only: the stream forms batches per worker). Default: the sources'
-            sizes when ``epoch_samples`` is given, else no mixing (each sample once).
-        epoch_samples: Samples per epoch of the mixture; default: the sum of the sizes.
+        weights, epoch_samples: With several sources: a weighted mixture, exact counts per
+            source per epoch, as ``ChunkShuffleSampler`` draws it (mix="epoch" only).
     """
 
     def __init__(
@@ -179,48 +186,20 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         if shuffle_buffer is not None:
             check_nonneg("shuffle_buffer", shuffle_buffer, 1)
         check_nonneg("seed", seed)
-        self._sources: tuple[tuple[str | None, ...], tuple[Any, ...]] | None = None
-        if isinstance(source, list | tuple) or hasattr(source, "offsets"):
-            several = open_stream_sources(
-                source,  # type: ignore[arg-type]
-                decode=decode,
-                transform=transform,
-                cache_dir=cache_dir,
-                cache_limit=cache_limit,
-            )
-            self.dataset, self.decode, self.transform = several.dataset, decode, transform
-            self._sources = (several.decodes, several.transforms)
-        else:
-            src = open_source(
-                source,
-                decode=decode,
-                transform=transform,
-                cache_dir=cache_dir,
-                cache_limit=cache_limit,
-            )
-            self.dataset, self.decode, self.transform = src.dataset, src.decode, src.transform
+        self._input = open_stream_sources(
+            source, decode=decode, transform=transform, cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        self.dataset, self.decode, self.transform = self._input.opened(decode, transform)
         self._bounds = dataset_bounds(self.dataset)
-        self._mix: Mixture | None = None
-        if weights is not None or epoch_samples is not None:
-            self._mix = mixture_of(
-                self.dataset,
-                ids=None,
-                chunk_size=chunk_size,
-                weights=weights,
-                epoch_samples=epoch_samples,
-            )
+        self._mix, size, count = _order_size(self.dataset, chunk_size, weights, epoch_samples)
         self._setup_epochs(
             rank=rank,
             world_size=world_size,
             seed=seed,
-            chunk_size=(
-                resolve_chunk_size(self.dataset, chunk_size, None)
-                if self._mix is None
-                else self._mix.mean_chunk_size()
-            ),
+            chunk_size=size,
             shuffle=shuffle,
             drop_last=drop_last,
-            num_ordered=int(self._bounds[-1]) if self._mix is None else self._mix.num_ordered,
+            num_ordered=count,
         )
         if shuffle_buffer is None:
             shuffle_buffer = max(DEFAULT_SHUFFLE_BUFFER, DEFAULT_WINDOW * self._chunk_size)
@@ -270,12 +249,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         epoch = self._epoch if epoch is None else epoch
         if self._mix is None:
             return self._rank_share(self._bounds, epoch=epoch, window=0)
-        return mix_rank_share(
-            self._mix.order(epoch, window=0, seed=self._seed, shuffle=self._shuffle),
-            rank=self._rank,
-            world_size=self._world_size,
-            drop_last=self._drop_last,
-        )
+        return self._mix.rank_share(epoch, window=0, **self._split_args())
 
     def _worker_plan(self, epoch: int, worker: int, num_workers: int) -> tuple[IntArray, IntArray]:
         """The ids a worker reads, in read order, and the order its buffer emits them in."""
@@ -327,18 +301,14 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             lo, _ = chunk_ranges(self._bounds, chunk_size=self._chunk_size)
         else:
             lo, _ = self._mix.chunk_table()
-        finish: Callable[[int, Any], Any]
-        if self._sources is None:
-            finish = partial(
-                finish_item, self.dataset, decode=self.decode, transform=self.transform
-            )
-        else:
-            decodes, transforms = self._sources
-            finish = partial(
-                finish_concat_item, self.dataset, decodes=decodes, transforms=transforms
-            )
         yield from serve(
-            self.dataset, ids, order, skip, buffer=self._buffer, chunk_lo=lo, finish=finish
+            self.dataset,
+            ids,
+            order,
+            skip,
+            buffer=self._buffer,
+            chunk_lo=lo,
+            finish=self._input.finish,
         )
 
     # ------------------------------------------------------------------ resume

@@ -11,13 +11,13 @@ import pytest
 
 from readers.mixing import (
     MixSource,
-    Mixture,
     check_weights,
     draws,
     mix_counts,
     pass_order,
     rank_share,
 )
+from readers.mixture import Mixture
 from readers.order import split_for_rank
 from tests.readers.test_order import EPOCHS, SEEDS, WORLD_SIZES
 
