@@ -21,6 +21,7 @@ _EXPORTS = {
     "open_dataset": "readers.datasets",
     "RecordIODataset": "readers.datasets.recordio",
     "ChunkShuffleSampler": "readers.samplers",
+    "ConcatDataset": "readers.concat",
     "ChunkShuffleBatchSampler": "readers.samplers",
     "ShardStream": "readers.stream",
     "load_index": "readers.index",

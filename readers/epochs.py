@@ -124,6 +124,16 @@ class RankedEpochs:
             ids=ids,
         )
 
+    def _split_args(self) -> dict[str, Any]:
+        """The arguments besides the epoch that split an order over the ranks."""
+        return {
+            "seed": self._seed,
+            "shuffle": self._shuffle,
+            "rank": self._rank,
+            "world_size": self._world_size,
+            "drop_last": self._drop_last,
+        }
+
     def _start_epoch(self) -> None:
         """Forget the resume point of the previous epoch (`set_epoch` chose another)."""
 

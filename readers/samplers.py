@@ -6,12 +6,13 @@ order, mixed inside blocks of ``window`` chunks) split into contiguous rank shar
 never change the order inside ``__iter__``: ``set_epoch`` chooses the epoch, and
 ``state_dict``/``load_state_dict`` resume mid-epoch (see :class:`ChunkShuffleSampler`). Each
 chunk is hinted to ``dataset.prefetch`` a bounded distance ahead of its first read
-(:mod:`readers.hints`).
+(:mod:`readers.hints`). Over a ``readers.ConcatDataset``, ``weights=``/``epoch_samples=``/``mix=``
+draw exact per-source counts each epoch instead (:mod:`readers.mixing`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from readers.io.hints import (
     lookahead_samples,
     resolve_chunk_size,
 )
+from readers.mixture import Mixture, mixture_of
 from readers.order import (
     IntArray,
     check_nonneg,
@@ -90,6 +92,18 @@ class ChunkShuffleSampler(RankedEpochs):
         world_size: Number of ranks; default ``paddle.distributed.get_world_size()``.
         indices: A boolean mask over the dataset or an array of ids: sample only these.
         labels: Label values to keep (needs ``dataset.labels``); combined with ``indices``.
+        weights: Over a ``readers.ConcatDataset``: one positive weight per source; each epoch
+            then draws ``epoch_samples`` samples, source ``i`` exactly
+            ``round(N * w_i / sum(w))`` of them (largest remainder), without replacement
+            within a source until it is exhausted, then a fresh pass of it, continuing across
+            epochs (:mod:`readers.mixing`). Default (None): the sources' selected sizes when
+            ``epoch_samples`` or ``mix`` asks for a mixture, else no mixing (one order over
+            all samples, each once per epoch).
+        epoch_samples: Samples per epoch of a mixture; default: all selected samples.
+        mix: ``"epoch"`` (default) mixes the sources over the epoch; ``"batch"`` gives every
+            batch of ``batch_size`` the same per-source counts (PaddleClas ``MixSampler``;
+            ``ChunkShuffleBatchSampler`` passes its batch size).
+        batch_size: The batch size whose per-source counts ``mix="batch"`` fixes.
     """
 
     def __init__(
@@ -105,6 +119,10 @@ class ChunkShuffleSampler(RankedEpochs):
         world_size: int | None = None,
         indices: npt.ArrayLike | None = None,
         labels: Iterable[int | str] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
+        mix: str | None = None,
+        batch_size: int | None = None,
     ) -> None:
         if chunk_size is not None:
             check_nonneg("chunk_size", chunk_size, 1)
@@ -112,14 +130,33 @@ class ChunkShuffleSampler(RankedEpochs):
         self._window = int(window)
         self._bounds = dataset_bounds(dataset)
         self._ids = select_ids(dataset, indices, labels)
+        self._mix: Mixture | None = None
+        if weights is not None or epoch_samples is not None or mix is not None:
+            self._mix = mixture_of(
+                dataset,
+                ids=self._ids,
+                chunk_size=chunk_size,
+                weights=weights,
+                epoch_samples=epoch_samples,
+                mix="epoch" if mix is None else mix,
+                batch_size=batch_size,
+            )
         self._setup_epochs(
             rank=rank,
             world_size=world_size,
             seed=seed,
-            chunk_size=resolve_chunk_size(dataset, chunk_size, self._ids),
+            chunk_size=(
+                resolve_chunk_size(dataset, chunk_size, self._ids)
+                if self._mix is None
+                else self._mix.mean_chunk_size()
+            ),
             shuffle=shuffle,
             drop_last=drop_last,
-            num_ordered=int(self._bounds[-1]) if self._ids is None else self._ids.size,
+            num_ordered=(
+                (int(self._bounds[-1]) if self._ids is None else self._ids.size)
+                if self._mix is None
+                else self._mix.num_ordered
+            ),
         )
         prefetch = getattr(dataset, "prefetch", None)
         self._prefetch = prefetch if callable(prefetch) else None
@@ -131,8 +168,20 @@ class ChunkShuffleSampler(RankedEpochs):
     # ------------------------------------------------------------------ properties
     @property
     def num_selected(self) -> int:
-        """Selected samples over all ranks (before padding or dropping)."""
+        """Selected samples over all ranks (before padding or dropping); a mixture's samples
+        per epoch."""
         return self._num_ordered
+
+    @property
+    def mixture(self) -> Mixture | None:
+        """The weighted mixture of a ConcatDataset's sources, or None without one."""
+        return self._mix
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (every rank the same)."""
+        if self._mix is None:
+            return super().__len__()
+        return self._mix.rank_length(world_size=self._world_size, drop_last=self._drop_last)
 
     # ------------------------------------------------------------------ order
     def _start_epoch(self) -> None:
@@ -143,7 +192,12 @@ class ChunkShuffleSampler(RankedEpochs):
         """This rank's full share of the order for ``epoch`` (default: the current one)."""
         epoch = self._epoch if epoch is None else epoch
         if self._cache is None or self._cache[0] != epoch:
-            share = self._rank_share(self._bounds, epoch=epoch, window=self._window, ids=self._ids)
+            if self._mix is None:
+                share = self._rank_share(
+                    self._bounds, epoch=epoch, window=self._window, ids=self._ids
+                )
+            else:
+                share = self._mix.rank_share(epoch, window=self._window, **self._split_args())
             self._cache = (epoch, share)
         return self._cache[1]
 
@@ -157,6 +211,7 @@ class ChunkShuffleSampler(RankedEpochs):
                 bounds=self._bounds,
                 chunk_size=self._chunk_size,
                 selected=self._ids,
+                chunks=None if self._mix is None else self._mix.chunk_table(),
             )
         self._pass = _Pass(ids=ids, base=self._offset, hints=hints)
         return self._pass
@@ -203,11 +258,12 @@ class ChunkShuffleSampler(RankedEpochs):
 
     # ------------------------------------------------------------------ resume
     def _params(self) -> dict[str, Any]:
-        return self._order_params() | {
+        params = self._order_params() | {
             "window": self._window,
             "num_selected": self._num_ordered,
             "selection_crc32": self._layout_crc32(self._bounds, self._ids),
         }
+        return params if self._mix is None else params | self._mix.params()
 
     def state_dict(self, consumed_samples: int | None = None) -> dict[str, Any]:
         """The resume state: epoch, position in this rank's share, and the order parameters.
@@ -255,7 +311,8 @@ class ChunkShuffleBatchSampler:
         batch_size: Ids per batch.
         drop_last: Drop the last partial batch, and also the remainder that does not divide
             among ranks (instead of padding it); all ranks yield the same number of batches.
-        **kwargs: The other arguments of :class:`ChunkShuffleSampler`.
+        **kwargs: The other arguments of :class:`ChunkShuffleSampler`; with
+            ``mix="batch"`` every batch holds the same per-source counts.
     """
 
     def __init__(
@@ -272,6 +329,9 @@ class ChunkShuffleBatchSampler:
         world_size: int | None = None,
         indices: npt.ArrayLike | None = None,
         labels: Iterable[int | str] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
+        mix: str | None = None,
     ) -> None:
         check_nonneg("batch_size", batch_size, 1)
         self.batch_size = int(batch_size)
@@ -287,6 +347,10 @@ class ChunkShuffleBatchSampler:
             world_size=world_size,
             indices=indices,
             labels=labels,
+            weights=weights,
+            epoch_samples=epoch_samples,
+            mix=mix,
+            batch_size=batch_size,
         )
 
     @property

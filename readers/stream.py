@@ -46,20 +46,27 @@ nor keeps ``drop_last`` (``worker.py`` lines 352-354 recreate the fetcher with `
 Use ``persistent_workers=False`` (the default): each epoch forks fresh workers, which see the
 epoch chosen by ``set_epoch``. A worker asked for a second pass raises instead of repeating
 its first epoch.
+
+**Several datasets.** Given a list of datasets (or a ``readers.ConcatDataset``), the stream
+reads their concatenation (ids offset per source, each source decoded with its own mode and
+transform). With ``weights=``/``epoch_samples=`` step 1 is the weighted mixture of
+:mod:`readers.mixing` (mix="epoch", window off: exact per-source counts, passes that continue
+across epochs, segments of one source's chunk each); steps 2-4 are unchanged.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import paddle
 
+from readers.concat import open_stream_sources
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
 from readers.io.hints import DEFAULT_CHUNK_SIZE, resolve_chunk_size
+from readers.mixture import Mixture, mixture_of
 from readers.order import (
     IntArray,
     buffer_order,
@@ -71,7 +78,7 @@ from readers.order import (
 )
 from readers.resume import StreamResume, loader_shape, read_stream_state, stream_state
 from readers.selection import SizedDataset, dataset_bounds
-from readers.stream_reader import finish_item, open_source, serve
+from readers.stream_reader import serve
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -95,6 +102,19 @@ _SECOND_PASS = (
 )
 
 
+def _order_size(
+    dataset: Any, chunk_size: int | None, weights: Any, epoch_samples: int | None
+) -> tuple[Mixture | None, int, int]:
+    """The mixture (None without weights or epoch_samples), the chunk size, and the samples of
+    the global order of an epoch."""
+    if weights is None and epoch_samples is None:
+        return None, resolve_chunk_size(dataset, chunk_size, None), len(dataset)
+    mix = mixture_of(
+        dataset, ids=None, chunk_size=chunk_size, weights=weights, epoch_samples=epoch_samples
+    )
+    return mix, mix.mean_chunk_size(), mix.num_ordered
+
+
 def _worker_info() -> Any:
     """paddle's worker info in a DataLoader worker, else None (a seam for tests)."""
     return paddle.io.get_worker_info()
@@ -116,7 +136,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             map-style dataset: ``len``, ``shard_bounds``, ``ds[i] -> (image, label)``. A
             packed dataset (one with ``decode`` and ``transform`` attributes) is read as
             stored bytes from a copy and decoded here; any other is read with ``ds[i]`` and
-            its items are passed through untouched.
+            its items are passed through untouched. A list of these, or a
+            ``readers.ConcatDataset``, reads their concatenation (ids offset per source).
         transform: Applied to the decoded image. Default: the dataset's own, if ``source``
             is a dataset.
         decode: ``rgb``, ``bgr``, ``gray``, ``unchanged`` or ``bytes``. Default: the
@@ -137,11 +158,13 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         world_size: Number of ranks; default ``paddle.distributed.get_world_size()``.
         cache_dir, cache_limit: With a directory ``source``: read its node-local copy,
             ``readers.staging.stage(source, cache_dir, cache_limit=cache_limit)``.
+        weights, epoch_samples: With several sources: a weighted mixture, exact counts per
+            source per epoch, as ``ChunkShuffleSampler`` draws it (mix="epoch" only).
     """
 
     def __init__(
         self,
-        source: str | os.PathLike[str] | SizedDataset,
+        source: str | os.PathLike[str] | SizedDataset | Sequence[Any],
         *,
         transform: Callable[[Any], Any] | None = None,
         decode: str | None = None,
@@ -154,6 +177,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         world_size: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
     ) -> None:
         super().__init__()
         if chunk_size is not None:
@@ -161,19 +186,20 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         if shuffle_buffer is not None:
             check_nonneg("shuffle_buffer", shuffle_buffer, 1)
         check_nonneg("seed", seed)
-        src = open_source(
+        self._input = open_stream_sources(
             source, decode=decode, transform=transform, cache_dir=cache_dir, cache_limit=cache_limit
         )
-        self.dataset, self.decode, self.transform = src.dataset, src.decode, src.transform
+        self.dataset, self.decode, self.transform = self._input.opened(decode, transform)
         self._bounds = dataset_bounds(self.dataset)
+        self._mix, size, count = _order_size(self.dataset, chunk_size, weights, epoch_samples)
         self._setup_epochs(
             rank=rank,
             world_size=world_size,
             seed=seed,
-            chunk_size=resolve_chunk_size(self.dataset, chunk_size, None),
+            chunk_size=size,
             shuffle=shuffle,
             drop_last=drop_last,
-            num_ordered=int(self._bounds[-1]),
+            num_ordered=count,
         )
         if shuffle_buffer is None:
             shuffle_buffer = max(DEFAULT_SHUFFLE_BUFFER, DEFAULT_WINDOW * self._chunk_size)
@@ -186,6 +212,11 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
     def shuffle_buffer(self) -> int:
         """Samples per worker's shuffle buffer (1 without shuffling)."""
         return self._buffer
+
+    @property
+    def mixture(self) -> Mixture | None:
+        """The weighted mixture of the sources, or None without one."""
+        return self._mix
 
     def __len__(self) -> int:  # type: ignore[override]
         """Samples this rank yields per epoch (every rank the same)."""
@@ -215,9 +246,10 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
 
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """This rank's share of the global order for ``epoch`` (default: the current one)."""
-        return self._rank_share(
-            self._bounds, epoch=self._epoch if epoch is None else epoch, window=0
-        )
+        epoch = self._epoch if epoch is None else epoch
+        if self._mix is None:
+            return self._rank_share(self._bounds, epoch=epoch, window=0)
+        return self._mix.rank_share(epoch, window=0, **self._split_args())
 
     def _worker_plan(self, epoch: int, worker: int, num_workers: int) -> tuple[IntArray, IntArray]:
         """The ids a worker reads, in read order, and the order its buffer emits them in."""
@@ -265,19 +297,28 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         if resume is not None and resume.epoch == epoch:
             logical, skip = resume.worker(worker, num_workers)
         ids, order = self._worker_plan(epoch, logical, num_workers)
-        lo, _ = chunk_ranges(self._bounds, chunk_size=self._chunk_size)
-        finish = partial(finish_item, self.dataset, decode=self.decode, transform=self.transform)
+        if self._mix is None:
+            lo, _ = chunk_ranges(self._bounds, chunk_size=self._chunk_size)
+        else:
+            lo, _ = self._mix.chunk_table()
         yield from serve(
-            self.dataset, ids, order, skip, buffer=self._buffer, chunk_lo=lo, finish=finish
+            self.dataset,
+            ids,
+            order,
+            skip,
+            buffer=self._buffer,
+            chunk_lo=lo,
+            finish=self._input.finish,
         )
 
     # ------------------------------------------------------------------ resume
     def _params(self) -> dict[str, Any]:
-        return self._order_params() | {
+        params = self._order_params() | {
             "shuffle_buffer": self._buffer,
             "num_samples": int(self._bounds[-1]),
             "shards_crc32": self._layout_crc32(self._bounds),
         }
+        return params if self._mix is None else params | self._mix.params()
 
     def state_dict(
         self,

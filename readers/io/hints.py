@@ -103,6 +103,9 @@ class ChunkHints:
         bounds: The dataset's shard bounds.
         chunk_size: Selected samples per chunk.
         selected: The sorted selected ids the chunks are made of (None: all).
+        chunks: The chunks as id ranges ``(lo, hi)`` in id order, instead of cutting them
+            from ``bounds``, ``chunk_size`` and ``selected`` (a mixture of sources, each with
+            its own chunk size: ``readers.mixing.Mixture.chunk_table``).
     """
 
     def __init__(
@@ -113,12 +116,15 @@ class ChunkHints:
         bounds: IntArray,
         chunk_size: int,
         selected: IntArray | None,
+        chunks: tuple[IntArray, IntArray] | None = None,
     ) -> None:
         self._prefetch = prefetch
         entries = np.zeros(0, dtype=np.int64)
         lo = hi = entries
         if ids.size:
-            lo_all, hi_all = chunk_ranges(bounds, chunk_size=chunk_size, ids=selected)
+            if chunks is None:
+                chunks = chunk_ranges(bounds, chunk_size=chunk_size, ids=selected)
+            lo_all, hi_all = chunks
             chunk = np.searchsorted(lo_all, ids, side="right") - 1
             _, first = np.unique(chunk, return_index=True)
             entries = np.sort(first).astype(np.int64)
