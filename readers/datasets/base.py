@@ -75,6 +75,21 @@ def load_packed_index(root: Path, fmt: ShardFormat, meta: Any = None) -> Dataset
     return index
 
 
+def load_pinned_index(root: Path, fmt: ShardFormat) -> tuple[DatasetIndex, DatasetIdentity]:
+    """`load_packed_index`, and the identity of the build that index belongs to."""
+    for attempt in range(2):  # the identity is of the meta.json the index was read with
+        identity = identify_dataset(root)
+        meta = meta_read(root, identity.meta)  # as open_dataset read it, if it did
+        index = load_packed_index(root, fmt, meta)
+        try:
+            identity.check_meta()
+            break
+        except DatasetRebuiltError:
+            if attempt:
+                raise
+    return index, identity
+
+
 class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     """A map-style Dataset over the shards of one format: ``ds[i] -> (image, label)``.
 
@@ -137,9 +152,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self.shard_bounds: np.ndarray = np.zeros(1, dtype=np.int64)
         self._shard_paths: list[str] = []
         self._raw_dims: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._handles: list[Any] = []
-        self._entries: list[handles.Entry | None] = []
-        self._generation = -1
+        self._shards = handles.ShardHandles()
         self.identity: DatasetIdentity | None = None
         """The build opened (packed datasets): shards opened later are checked against it."""
         self._ahead = Readahead()  # hints ahead of (nearly) increasing reads, per process
@@ -151,16 +164,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     # --- opening ---------------------------------------------------------------------------
 
     def _load_packed(self) -> DatasetIndex:
-        for attempt in range(2):  # the identity is of the meta.json the index was read with
-            identity = identify_dataset(self.root)
-            meta = meta_read(self.root, identity.meta)  # as open_dataset read it, if it did
-            index = load_packed_index(self.root, self.shard_format, meta)
-            try:
-                identity.check_meta()
-                break
-            except DatasetRebuiltError:
-                if attempt:
-                    raise
+        index, identity = load_pinned_index(self.root, self.shard_format)
         check_shard_files(self.root, self.shard_format, index.shard_names)
         self.index, self.identity = index, identity
         self._raw_dims = index.raw_dims()
@@ -221,9 +225,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_handles"] = []
-        state["_entries"] = []
-        state["_generation"] = -1
+        state["_shards"] = handles.ShardHandles()
         state["skipped"] = 0  # counts are per process
         state["_bad"] = set()
         state["_warned"] = False
@@ -240,32 +242,21 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     def _open(self, path: str) -> Any:
         return self.shard_format.open_shard(path)
 
+    @property
+    def _handles(self) -> list[Any]:
+        return self._shards.handles
+
     def _handle(self, shard: int) -> Any:
         """The open handle of `shard`: opened on first use in this process, and again after
-        it was closed to bound the open files (`readers.io.handles`); each open is checked
-        to be of the build this dataset opened (`DatasetRebuiltError` otherwise)."""
-        if self._generation != handles.generation:
-            self._handles = [None] * len(self._shard_paths)
-            self._entries = [None] * len(self._shard_paths)
-            self._generation = handles.generation
-        handle = self._handles[shard]
-        entry = self._entries[shard]
-        if handle is not None and (entry is None or entry.open):
-            if entry is not None:
-                handles.touch(entry)
-            return handle
-        path = self._shard_paths[shard]
-        handle = self._open(path)
-        if self.identity is not None:
-            self.identity.check_shard(path)
-        self._handles[shard], self._entries[shard] = handle, handles.entry_of(handle)
-        return handle
+        it was closed to bound the open files (`readers.io.handles`)."""
+        return self._shards.get(shard, len(self._shard_paths), self._open_checked)
 
-    def _handle_closed(self, shard: int) -> bool:
-        """Whether `shard`'s handle was closed (to make room) since it was taken: a read that
-        failed then is read again, not reported as a bad record."""
-        entry = self._entries[shard] if shard < len(self._entries) else None
-        return entry is not None and not entry.open
+    def _open_checked(self, shard: int) -> Any:
+        """Open `shard`, checked to be of the build opened (`DatasetRebuiltError`)."""
+        handle = self._open(self._shard_paths[shard])
+        if self.identity is not None:
+            self.identity.check_shard(self._shard_paths[shard])
+        return handle
 
     def _source(self, i: int) -> str:
         path = self.index.path_of(i) if self.index is not None else None
@@ -318,7 +309,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         try:
             return self._read(i, shard, as_bytes=as_bytes)
         except RecordError:
-            if not self._handle_closed(shard):
+            if not self._shards.closed(shard):
                 raise
         return self._read(i, shard, as_bytes=as_bytes)
 
@@ -330,37 +321,38 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         except RecordError as exc:
             if self.on_error != "skip":
                 raise
-            image, label = self._substitute(n, exc)
+            image, label = substitute_sample(self, n, exc)
         if self.transform is not None:
             image = self.transform(image)
         return image, label
 
-    def _substitute(self, i: int, error: RecordError) -> tuple[Any, Any]:
-        """The next readable sample after `i` in id order (wrapping), for ``on_error="skip"``.
 
-        Deterministic: the same bad sample is always replaced by the same good one, in every
-        process and epoch, whatever was read before; samples found bad are remembered (per
-        process) so that a run of them is not re-read at every call.
-        """
-        self._bad.add(i)
-        self.skipped += 1
-        n = len(self)
-        for step in range(1, n):
-            j = (i + step) % n
-            if j in self._bad:
-                continue
-            try:
-                found = self._read_sample(j, self._locate(j)[1], as_bytes=False)
-            except RecordError:
-                self._bad.add(j)
-                continue
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"{error}; returning sample {j} in its place (on_error='skip'). Further "
-                    "bad samples are replaced without a warning and counted in .skipped",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return found
-        raise RecordError(f"{self.root}: no sample of {n} could be read (the first: {error})")
+def substitute_sample(ds: ShardedDataset, i: int, error: RecordError) -> tuple[Any, Any]:
+    """The next readable sample after `i` in id order (wrapping), for ``on_error="skip"``.
+
+    Deterministic: the same bad sample is always replaced by the same good one, in every
+    process and epoch, whatever was read before; samples found bad are remembered (per
+    process) so that a run of them is not re-read at every call.
+    """
+    ds._bad.add(i)
+    ds.skipped += 1
+    n = len(ds)
+    for step in range(1, n):
+        j = (i + step) % n
+        if j in ds._bad:
+            continue
+        try:
+            found = ds._read_sample(j, ds._locate(j)[1], as_bytes=False)
+        except RecordError:
+            ds._bad.add(j)
+            continue
+        if not ds._warned:
+            ds._warned = True
+            warnings.warn(
+                f"{error}; returning sample {j} in its place (on_error='skip'). Further "
+                "bad samples are replaced without a warning and counted in .skipped",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return found
+    raise RecordError(f"{ds.root}: no sample of {n} could be read (the first: {error})")

@@ -84,10 +84,6 @@ class LmdbDataset(ShardedDataset):
             )
         self.shard_bounds = np.asarray([0, int(raw)], dtype=np.int64)
 
-    @property
-    def _envs(self) -> list[Any]:
-        return self._handles
-
     def _env(self, shard: int) -> Any:
         return self._handle(shard)
 

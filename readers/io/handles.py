@@ -29,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "Entry",
+    "ShardHandles",
     "acquire",
     "close_all",
     "entry_of",
@@ -179,6 +180,36 @@ def touch(entry: Entry) -> None:
 def entry_of(handle: Any) -> Entry | None:
     """The open `Entry` of a handle returned by `shared_handle` (None: not kept here)."""
     return _by_id.get(id(handle))
+
+
+class ShardHandles:
+    """One reader's handles of its shards in this process, by shard number: each taken on
+    first use and again after it was closed to make room; none survive ``fork`` or a pickle
+    (``ShardHandles()`` is what a copy starts with)."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.entries: list[Entry | None] = []
+        self.generation = -1
+
+    def get(self, shard: int, count: int, open_shard: Callable[[int], Any]) -> Any:
+        """Shard `shard`'s open handle (of `count` shards), ``open_shard(shard)`` if needed."""
+        if self.generation != generation:
+            self.handles, self.entries = [None] * count, [None] * count
+            self.generation = generation
+        handle, entry = self.handles[shard], self.entries[shard]
+        if handle is not None and (entry is None or entry.open):
+            if entry is not None:
+                touch(entry)
+            return handle
+        handle = open_shard(shard)
+        self.handles[shard], self.entries[shard] = handle, entry_of(handle)
+        return handle
+
+    def closed(self, shard: int) -> bool:
+        """Whether shard `shard`'s handle was closed since it was taken."""
+        entry = self.entries[shard] if shard < len(self.entries) else None
+        return entry is not None and not entry.open
 
 
 def shared_handle(kind: str, path: str, opener: Callable[[str], Any]) -> Any:
