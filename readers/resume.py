@@ -1,23 +1,79 @@
-"""Mid-epoch resume state of the samplers and of ``ShardStream``: what is saved, and checks on load.
+"""Mid-epoch resume states of the samplers and of ``ShardStream``: what is saved, the checks on
+load, and the rest of an epoch resumed at another world size (elastic resume).
 
 A state records where training got in an epoch plus every parameter the order depends on; a
-state saved with other parameters is refused, since resuming it would repeat some samples and
-skip others.
+state saved with other parameters, or over another dataset, is refused with a message naming
+what differs, since resuming it would repeat some samples and skip others.
+
+**Elastic resume, for any sampler whose epoch is one global order split over ranks.** An epoch
+is a global order of ``n`` *units* (samples for the chunked samplers and ``ShardStream``,
+batches for the bucket sampler), and rank ``r`` of ``N`` takes the contiguous slice
+``readers.order.split_for_rank`` gives it (padded by repeating the order from its start, or
+with the last ``n % N`` units dropped, as ``drop_last`` says). A run that stops after each
+rank consumed the first ``k`` units of its share (or, for ``ShardStream``, the samples its
+DataLoader workers emitted for the first ``k`` batches) has consumed a set of positions that
+follows from ``(n, N, k, drop_last)`` alone: `unconsumed_positions`. Resuming with ``M`` ranks:
+
+1. The rest of the epoch is the positions of the saved run's plan (all ``n``, or the first
+   ``(n // N) * N`` with ``drop_last``) that no rank consumed, in their order, each once: a
+   padding copy consumed on one rank counts its original as consumed.
+2. That rest is split over the ``M`` ranks exactly as a fresh epoch is: contiguous slices of
+   equal length, padded by repeating the rest from its start (``drop_last=False``: every
+   unconsumed unit is yielded, fewer than ``M`` of them twice) or with the last
+   ``len(rest) % M`` units dropped (``drop_last=True``: none twice, fewer than ``M`` skipped).
+3. A state saved during the resumed run records the earlier stretches as ``history``, so a
+   second resume (at any size) applies them in turn: `rest_positions`.
+
+A state loaded at the world size that saved it continues every rank's own share where it
+stopped, exactly as the uninterrupted run (padding included); a state saved at position 0
+(nothing consumed) loads at any size as a fresh epoch at that size.
+
+The generic entry points, for every sampler built on a global order: `rest_positions` (the
+positions of the global order still to yield), `resume_share` (this rank's share of them),
+`sampler_state` and `read_sampler_state` (the versioned state). Positions in a state count
+units of this rank's share *since the last change of world size* (from the epoch's start
+when the size never changed); after an elastic load they start again at 0.
+
+**Sampler state, version 2** (plain JSON; version 1, written before elastic resume, still
+loads: it is a version 2 state without ``kind``, ``history`` and ``records_crc32``)::
+
+    {"version": 2, "kind": "ChunkShuffleSampler", "epoch": 3,
+     "world_size": 8,          # ranks of the run that saved it
+     "position": 1536,         # units of every rank's share consumed (samples; bucket: batches)
+     "history": [{"world_size": 2, "position": 40}],   # earlier stretches, oldest first
+     "seed": 0, "chunk_size": 64, "shuffle": true, "drop_last": false, "window": 8,
+     "num_selected": 100000, "selection_crc32": 123, "records_crc32": 456, ...}
+
+``ShardStream`` states (version 2, ``"kind": "ShardStream"``) record ``consumed_batches`` with
+the loader's ``batch_size``, ``num_workers`` and ``drop_last_batch`` instead of ``position``;
+their ``history`` entries carry the same five keys.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from readers.order import IntArray, check_nonneg, loader_batches, worker_counts
+from readers.order import (
+    IntArray,
+    check_nonneg,
+    loader_batches,
+    rank_span,
+    split_for_rank,
+    worker_buffer_order,
+    worker_counts,
+)
 
 __all__ = [
     "SAMPLER_STATE_VERSION",
     "STREAM_STATE_VERSION",
+    "SamplerResume",
+    "Segment",
+    "StreamRestart",
     "StreamResume",
     "check_complete",
     "check_saved_params",
@@ -25,11 +81,29 @@ __all__ = [
     "loader_shape",
     "read_sampler_state",
     "read_stream_state",
+    "rest_positions",
+    "resume_share",
+    "sampler_state",
+    "stream_consumed",
     "stream_state",
+    "unconsumed_positions",
 ]
 
-SAMPLER_STATE_VERSION = 1
-STREAM_STATE_VERSION = 1
+SAMPLER_STATE_VERSION = 2
+STREAM_STATE_VERSION = 2
+_READABLE = (1, 2)
+_ADDED_IN_2 = {"records_crc32"}  # parameters a version 1 state does not record
+
+# Parameters that describe the dataset rather than the order: a mismatch in one of them means
+# the state belongs to another dataset (or another selection of this one).
+_DATASET_PARAMS = {
+    "records_crc32": "the stored records differ",
+    "num_samples": "another number of samples",
+    "num_selected": "another number of selected samples",
+    "shards_crc32": "another shard layout",
+    "selection_crc32": "another shard layout or selection of samples",
+    "buckets_crc32": "other bucket members (key values or boundaries)",
+}
 
 
 def fingerprint(*arrays: IntArray | None) -> int:
@@ -51,47 +125,295 @@ def check_complete(state: dict[str, Any], required: set[str], *, what: str) -> N
 def check_saved_params(
     state: dict[str, Any], params: dict[str, Any], *, what: str, advice: str
 ) -> None:
-    """Raise ValueError naming each parameter whose saved value differs from the current one."""
-    diffs = [f"{k}: saved {state[k]!r}, now {v!r}" for k, v in params.items() if state[k] != v]
-    if diffs:
+    """Raise ValueError naming each parameter whose saved value differs from the current one.
+
+    Parameters that describe the dataset (record CRCs, sample counts, layout fingerprints) are
+    reported first, as "of another dataset", with what their difference means.
+    """
+    diffs = {k: v for k, v in params.items() if k in state and state[k] != v}
+    if not diffs:
+        return
+    data = [
+        f"{k}: saved {state[k]!r}, now {v!r} ({_DATASET_PARAMS[k]})"
+        for k, v in diffs.items()
+        if k in _DATASET_PARAMS
+    ]
+    other = [
+        f"{k}: saved {state[k]!r}, now {v!r}" for k, v in diffs.items() if k not in _DATASET_PARAMS
+    ]
+    parts = []
+    if data:
+        parts.append(f"is of another dataset ({'; '.join(data)})")
+    if other:
+        parts.append(f"was saved with different parameters ({'; '.join(other)})")
+    raise ValueError(
+        f"cannot resume: the {what} state "
+        + " and ".join(parts)
+        + ", so the order would differ and resuming would repeat or skip samples; "
+        + advice
+    )
+
+
+def _check_version(state: dict[str, Any], *, kind: str, what: str) -> int:
+    version = state["version"]
+    saved_kind = state.get("kind", "ChunkShuffleSampler" if version == 1 else None)
+    if version not in _READABLE:
         raise ValueError(
-            f"cannot resume: the {what} state was saved with different parameters ("
-            + "; ".join(diffs)
-            + "), so the order would differ and resuming would repeat or skip samples; "
-            + advice
+            f"{what} state version {version!r} is not supported (this version reads "
+            f"{', '.join(map(str, _READABLE))})"
         )
+    if saved_kind != kind:
+        raise ValueError(
+            f"cannot resume: the state was saved by a {saved_kind}, not a {kind}; load it into "
+            f"the same class it was saved from"
+        )
+    return int(version)
+
+
+# --------------------------------------------------------------------------- elastic resume
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of an epoch run at one world size, up to where it was saved.
+
+    ``position`` is units of every rank's share consumed (samplers), or loader batches for a
+    ``ShardStream``, whose ``loader`` is then ``(batch_size, num_workers, drop_last_batch)``.
+    """
+
+    world_size: int
+    position: int
+    loader: tuple[int, int, bool] | None = None
+
+    def as_state(self) -> dict[str, Any]:
+        """The segment as a JSON object of a state's ``history``."""
+        if self.loader is None:
+            return {"world_size": self.world_size, "position": self.position}
+        batch_size, num_workers, drop = self.loader
+        return {
+            "world_size": self.world_size,
+            "consumed_batches": self.position,
+            "batch_size": batch_size,
+            "num_workers": num_workers,
+            "drop_last_batch": drop,
+        }
+
+    @classmethod
+    def from_state(cls, raw: Any, *, stream: bool) -> Segment:
+        """Parse one entry of a saved ``history`` (ValueError when malformed)."""
+        keys = (
+            ("world_size", "consumed_batches", "batch_size", "num_workers", "drop_last_batch")
+            if stream
+            else ("world_size", "position")
+        )
+        if not isinstance(raw, dict) or set(keys) - raw.keys():
+            raise ValueError(f"a history entry of the state must hold {list(keys)}, got {raw!r}")
+        check_nonneg("history world_size", raw["world_size"], 1)
+        if not stream:
+            check_nonneg("history position", raw["position"])
+            return cls(int(raw["world_size"]), int(raw["position"]))
+        check_nonneg("history consumed_batches", raw["consumed_batches"])
+        check_nonneg("history batch_size", raw["batch_size"], 1)
+        check_nonneg("history num_workers", raw["num_workers"])
+        loader = (int(raw["batch_size"]), int(raw["num_workers"]), bool(raw["drop_last_batch"]))
+        return cls(int(raw["world_size"]), int(raw["consumed_batches"]), loader)
+
+
+ConsumedInShare = Callable[[int, int], IntArray]
+"""``consumed(rank, share_length)``: the positions in that rank's share it consumed."""
+
+
+def unconsumed_positions(
+    n: int, *, world_size: int, drop_last: bool, consumed: int | ConsumedInShare
+) -> IntArray:
+    """Positions of an order of ``n`` units that a run over ``world_size`` ranks left to yield.
+
+    Args:
+        n: Units in the order the run split (``split_for_rank``).
+        world_size: Ranks of the run.
+        drop_last: As the run split it: the last ``n % world_size`` units were not planned.
+        consumed: ``k``: every rank consumed the first ``k`` units of its share; or a function
+            of ``(rank, share_length)`` giving the positions in the share that rank consumed.
+
+    Returns:
+        The planned positions in ``[0, n)`` whose unit no rank consumed (directly or as a
+        padding copy), ascending, each once.
+    """
+    check_nonneg("n", n)
+    start, stop = rank_span(n, rank=0, world_size=world_size, drop_last=drop_last)
+    per = stop - start
+    keep = np.zeros(n, dtype=np.bool_)
+    keep[: min(per * world_size, n)] = True
+    if n == 0 or per == 0:
+        return np.flatnonzero(keep).astype(np.int64)
+    if isinstance(consumed, int | np.integer):
+        check_nonneg("consumed", int(consumed))
+        if consumed > per:
+            raise ValueError(f"position {consumed} exceeds the {per} units of a rank's share")
+        pos = np.arange(world_size, dtype=np.int64)[:, None] * per + np.arange(int(consumed))
+        keep[pos.ravel() % n] = False
+    else:
+        for rank in range(world_size):
+            within = np.asarray(consumed(rank, per), dtype=np.int64)
+            if within.size and (within.min() < 0 or within.max() >= per):
+                raise ValueError(f"consumed positions of rank {rank} lie outside its {per} units")
+            keep[(rank * per + within) % n] = False
+    return np.flatnonzero(keep).astype(np.int64)
+
+
+def rest_positions(
+    n: int,
+    history: Sequence[Segment],
+    *,
+    drop_last: bool,
+    consumed_of: Callable[[Segment], int | ConsumedInShare] | None = None,
+) -> IntArray | None:
+    """Positions of an epoch's global order of ``n`` units still to yield after ``history``.
+
+    Each segment's run split what the previous ones left (`unconsumed_positions`).
+
+    Args:
+        n: Units in the epoch's global order.
+        history: The epoch's earlier stretches at other world sizes, oldest first.
+        drop_last: The sampler's ``drop_last``.
+        consumed_of: What a segment consumed; default its ``position`` (a prefix of every
+            rank's share).
+
+    Returns:
+        Ascending positions into the global order, or None when ``history`` is empty (the
+        whole order).
+    """
+    if not history:
+        return None
+    pos = np.arange(n, dtype=np.int64)
+    for seg in history:
+        consumed = seg.position if consumed_of is None else consumed_of(seg)
+        pos = pos[
+            unconsumed_positions(
+                pos.size, world_size=seg.world_size, drop_last=drop_last, consumed=consumed
+            )
+        ]
+    return pos
+
+
+def resume_share(
+    order: IntArray, *, rest: IntArray | None, rank: int, world_size: int, drop_last: bool
+) -> IntArray:
+    """This rank's share of an epoch: ``split_for_rank(order[rest])`` as its own array.
+
+    Args:
+        order: The epoch's global order of units (for all ranks, before any split).
+        rest: `rest_positions` of the epoch (None: no earlier world size, all of ``order``).
+        rank: This rank.
+        world_size: Ranks now.
+        drop_last: The sampler's ``drop_last``.
+    """
+    seq = order if rest is None else order[rest]
+    share = split_for_rank(seq, rank=rank, world_size=world_size, drop_last=drop_last)
+    return share.copy() if share.size < seq.size else share
+
+
+def _rank_length(n: int, world_size: int, drop_last: bool) -> int:
+    start, stop = rank_span(n, rank=0, world_size=world_size, drop_last=drop_last)
+    return stop - start
 
 
 # --------------------------------------------------------------------------- samplers
 
 
+@dataclass(frozen=True)
+class SamplerResume:
+    """Where a loaded sampler state continues, at this sampler's world size.
+
+    ``position`` is where the next pass starts in this rank's share (0 after a change of
+    world size); ``history`` and ``rest`` (`rest_positions`) describe the epoch's earlier
+    stretches at other world sizes.
+    """
+
+    epoch: int
+    position: int
+    history: tuple[Segment, ...]
+    rest: IntArray | None
+
+
+def sampler_state(
+    *,
+    kind: str,
+    epoch: int,
+    position: int,
+    world_size: int,
+    history: Sequence[Segment],
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """A version 2 sampler state (see the module docstring): plain JSON types only."""
+    state = {
+        "version": SAMPLER_STATE_VERSION,
+        "kind": kind,
+        "epoch": int(epoch),
+        "world_size": int(world_size),
+        "position": int(position),
+        "history": [seg.as_state() for seg in history],
+    }
+    return state | params
+
+
 def read_sampler_state(
-    state: dict[str, Any], params: dict[str, Any], *, length: int
-) -> tuple[int, int]:
-    """``(epoch, position)`` of a sampler state, checked against the sampler's parameters.
+    state: dict[str, Any],
+    params: dict[str, Any],
+    *,
+    kind: str,
+    world_size: int,
+    num_units: int,
+    drop_last: bool,
+) -> SamplerResume:
+    """The resume point of a saved sampler state, checked against the sampler's parameters.
+
+    Args:
+        state: As saved by `sampler_state` (or a version 1 state).
+        params: The sampler's parameters (all but the world size), compared with the state's.
+        kind: The sampler class's name; a state of another class is refused.
+        world_size: Ranks now; another than the saved one is an elastic resume.
+        num_units: Units in the epoch's global order (the same for every epoch).
+        drop_last: The sampler's ``drop_last``.
 
     Raises:
-        ValueError: the state is incomplete, of another version, saved with other parameters,
-            or its position lies beyond this rank's ``length`` samples.
+        ValueError: the state is incomplete, of another version or class, of another dataset,
+            saved with other parameters, or its position lies beyond a rank's share.
     """
-    check_complete(state, {"version", "epoch", "position", *params}, what="sampler")
-    if state["version"] != SAMPLER_STATE_VERSION:
-        raise ValueError(
-            f"sampler state version {state['version']} is not supported "
-            f"(this version reads {SAMPLER_STATE_VERSION})"
-        )
+    check_complete(state, {"version", "epoch", "position", "world_size"}, what="sampler")
+    version = _check_version(state, kind=kind, what="sampler")
+    required = set(params) - (_ADDED_IN_2 if version == 1 else set())
+    check_complete(state, required, what="sampler")
     check_saved_params(
         state,
-        params,
+        {k: v for k, v in params.items() if k in required},
         what="sampler",
-        advice="build the sampler with the saved parameters and the same dataset selection",
+        advice="build the sampler with the saved parameters over the same dataset selection",
     )
-    epoch, position = state["epoch"], state["position"]
+    epoch, position, saved_size = state["epoch"], state["position"], state["world_size"]
     check_nonneg("epoch", epoch)
     check_nonneg("position", position)
+    check_nonneg("world_size", saved_size, 1)
+    raw_history = state.get("history", [])
+    if not isinstance(raw_history, list):
+        raise ValueError(f"the state's history must be a list, got {raw_history!r}")
+    history = tuple(Segment.from_state(raw, stream=False) for raw in raw_history)
+    rest = rest_positions(num_units, history, drop_last=drop_last)
+    left = num_units if rest is None else rest.size
+    length = _rank_length(left, int(saved_size), drop_last)
     if position > length:
-        raise ValueError(f"saved position {position} exceeds this rank's {length} samples")
-    return int(epoch), int(position)
+        raise ValueError(
+            f"saved position {position} exceeds a rank's {length} units (world size {saved_size})"
+        )
+    if saved_size == world_size or position == 0:
+        return SamplerResume(int(epoch), int(position) if saved_size == world_size else 0,
+                             history, rest)
+    seg = Segment(int(saved_size), int(position))
+    history = (*history, seg)
+    base = np.arange(left, dtype=np.int64) if rest is None else rest
+    rest = base[unconsumed_positions(left, world_size=seg.world_size, drop_last=drop_last,
+                                     consumed=seg.position)]
+    return SamplerResume(int(epoch), 0, history, rest)
 
 
 # --------------------------------------------------------------------------- ShardStream
@@ -105,6 +427,7 @@ class StreamResume:
     num_workers: int  # as the loader had them (0: in-process)
     skip: tuple[int, ...]  # per worker of the saved run
     rotation: int  # DataLoader worker j plays saved worker (j + rotation) % V
+    consumed_batches: int = 0  # batches of the epoch the saved run had consumed
 
     def worker(self, worker: int, num_workers: int) -> tuple[int, int]:
         """``(saved worker, samples it skips)`` that DataLoader worker ``worker`` plays."""
@@ -117,6 +440,17 @@ class StreamResume:
             )
         logical = (worker + self.rotation) % max(num_workers, 1)
         return logical, self.skip[logical]
+
+
+@dataclass(frozen=True)
+class StreamRestart:
+    """A loaded stream state: the epoch, the same-size resume point (None after a change of
+    world size: the rest starts at its beginning), and the earlier stretches."""
+
+    epoch: int
+    resume: StreamResume | None
+    history: tuple[Segment, ...]
+    rest: IntArray | None
 
 
 def loader_shape(loader: Any) -> tuple[int, int, bool]:
@@ -172,6 +506,8 @@ def stream_state(
     *,
     length: int,
     epoch: int,
+    world_size: int,
+    history: Sequence[Segment],
     params: dict[str, Any],
     consumed_samples: int | None,
     consumed_batches: int | None,
@@ -195,56 +531,130 @@ def stream_state(
         "version": STREAM_STATE_VERSION,
         "kind": "ShardStream",
         "epoch": epoch,
+        "world_size": int(world_size),
         "consumed_batches": k,
         "consumed_samples": int(size[:k].sum()),
         "batch_size": batch_size,
         "num_workers": num_workers,
         "drop_last_batch": drop,
+        "history": [seg.as_state() for seg in history],
     }
     return state | params
 
 
+def stream_consumed(seg: Segment, *, seed: int, epoch: int, buffer: int) -> ConsumedInShare:
+    """What each rank of a ``ShardStream`` segment consumed: its workers' first emitted samples.
+
+    Worker ``w`` of a rank reads its span (``worker_counts``) and emits it in
+    ``worker_buffer_order``; the first ``seg.position`` loader batches (``loader_batches``)
+    hold the first samples each worker emitted.
+    """
+    assert seg.loader is not None
+    batch_size, num_workers, drop = seg.loader
+
+    def consumed(rank: int, share_length: int) -> IntArray:
+        counts = worker_counts(share_length, num_workers)
+        worker, _, size = loader_batches(counts, batch_size=batch_size, drop_last=drop)
+        if seg.position > size.size:
+            raise ValueError(
+                f"consumed_batches={seg.position} exceeds the {size.size} batches of a rank"
+            )
+        k = seg.position
+        skip = np.bincount(worker[:k], weights=size[:k], minlength=counts.size).astype(np.int64)
+        starts = np.cumsum(counts) - counts
+        parts = [
+            starts[w]
+            + worker_buffer_order(
+                int(counts[w]), buffer=buffer, seed=seed, epoch=epoch, rank=rank, worker=w
+            )[: skip[w]]
+            for w in range(counts.size)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    return consumed
+
+
 def read_stream_state(
-    state: dict[str, Any], params: dict[str, Any], *, length: int
-) -> StreamResume:
+    state: dict[str, Any],
+    params: dict[str, Any],
+    *,
+    world_size: int,
+    num_units: int,
+    drop_last: bool,
+    seed: int,
+    buffer: int,
+) -> StreamRestart:
     """The resume point of a saved stream state, checked against the stream's parameters.
 
+    Args:
+        state: As saved by `stream_state` (or a version 1 state).
+        params: The stream's parameters (all but the world size), compared with the state's.
+        world_size: Ranks now; another than the saved one is an elastic resume.
+        num_units: Samples in the epoch's global order.
+        drop_last: The stream's ``drop_last``.
+        seed: The stream's seed (what its workers' buffers draw from).
+        buffer: The stream's ``shuffle_buffer``.
+
     Raises:
-        ValueError: the state is incomplete, of another kind or version, or was saved with
-            other order parameters or another dataset layout.
+        ValueError: the state is incomplete, of another kind or version, of another dataset,
+            or was saved with other order parameters.
     """
     keys = ("epoch", "consumed_batches", "batch_size", "num_workers", "drop_last_batch")
-    check_complete(state, {"version", "kind", *keys, *params}, what="stream")
-    if state["kind"] != "ShardStream" or state["version"] != STREAM_STATE_VERSION:
-        raise ValueError(
-            f"stream state kind {state['kind']!r} version {state['version']} is not "
-            f"supported (this reads ShardStream version {STREAM_STATE_VERSION})"
-        )
+    check_complete(state, {"version", "kind", "world_size", *keys}, what="stream")
+    version = _check_version(state, kind="ShardStream", what="stream")
+    required = set(params) - (_ADDED_IN_2 if version == 1 else set())
+    check_complete(state, required, what="stream")
     check_saved_params(
         state,
-        params,
+        {k: v for k, v in params.items() if k in required},
         what="stream",
         advice="build the stream with the saved parameters over the same dataset",
     )
     epoch, k = state["epoch"], state["consumed_batches"]
-    batch_size, num_workers = state["batch_size"], state["num_workers"]
+    batch_size, num_workers, saved_size = state["batch_size"], state["num_workers"], state[
+        "world_size"
+    ]
     for name, value, minimum in (
         ("epoch", epoch, 0),
         ("consumed_batches", k, 0),
         ("batch_size", batch_size, 1),
         ("num_workers", num_workers, 0),
+        ("world_size", saved_size, 1),
     ):
         check_nonneg(name, value, minimum)
+    raw_history = state.get("history", [])
+    if not isinstance(raw_history, list):
+        raise ValueError(f"the state's history must be a list, got {raw_history!r}")
+    history = tuple(Segment.from_state(raw, stream=True) for raw in raw_history)
+
+    def consumed_of(seg: Segment) -> ConsumedInShare:
+        return stream_consumed(seg, seed=seed, epoch=int(epoch), buffer=buffer)
+
+    rest = rest_positions(num_units, history, drop_last=drop_last, consumed_of=consumed_of)
+    left = num_units if rest is None else rest.size
+    length = _rank_length(left, int(saved_size), drop_last)
     counts = worker_counts(length, num_workers)
-    worker, _, size = loader_batches(
-        counts, batch_size=batch_size, drop_last=bool(state["drop_last_batch"])
-    )
+    drop = bool(state["drop_last_batch"])
+    worker, _, size = loader_batches(counts, batch_size=batch_size, drop_last=drop)
     if k > size.size:
         raise ValueError(f"saved consumed_batches={k} exceeds the {size.size} batches")
-    skip = np.bincount(worker[:k], weights=size[:k], minlength=counts.size)
-    return StreamResume(
-        epoch=int(epoch),
-        num_workers=int(num_workers),
-        skip=tuple(int(s) for s in skip),
-        rotation=int(worker[k]) if k < worker.size else 0,
-    )
+    if saved_size == world_size:
+        skip = np.bincount(worker[:k], weights=size[:k], minlength=counts.size)
+        resume = StreamResume(
+            epoch=int(epoch),
+            num_workers=int(num_workers),
+            skip=tuple(int(s) for s in skip),
+            rotation=int(worker[k]) if k < worker.size else 0,
+            consumed_batches=int(k),
+        )
+        return StreamRestart(int(epoch), resume, history, rest)
+    if k == 0:
+        return StreamRestart(int(epoch), None, history, rest)
+    seg = Segment(int(saved_size), int(k), (int(batch_size), int(num_workers), drop))
+    base = np.arange(left, dtype=np.int64) if rest is None else rest
+    rest = base[
+        unconsumed_positions(
+            left, world_size=seg.world_size, drop_last=drop_last, consumed=consumed_of(seg)
+        )
+    ]
+    return StreamRestart(int(epoch), None, (*history, seg), rest)

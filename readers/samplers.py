@@ -4,7 +4,8 @@ The order of an epoch is ``readers.order.chunk_order`` (chunks of neighbouring i
 order, mixed inside blocks of ``window`` chunks) split into contiguous rank shares
 (``split_for_rank``); a default chunk holds about ``CHUNK_BYTES`` of stored bytes. Samplers
 never change the order inside ``__iter__``: ``set_epoch`` chooses the epoch, and
-``state_dict``/``load_state_dict`` resume mid-epoch (see :class:`ChunkShuffleSampler`). Each
+``state_dict``/``load_state_dict`` resume mid-epoch, at the saved world size or another
+(:mod:`readers.resume`; see :class:`ChunkShuffleSampler`). Each
 chunk is hinted to ``dataset.prefetch`` a bounded distance ahead of its first read
 (:mod:`readers.hints`).
 """
@@ -33,7 +34,7 @@ from readers.order import (
     chunk_ranges,
     split_for_rank,
 )
-from readers.resume import SAMPLER_STATE_VERSION, read_sampler_state
+from readers.resume import read_sampler_state, sampler_state
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
@@ -74,7 +75,13 @@ class ChunkShuffleSampler(RankedEpochs):
     (``prefetch_factor`` batches per worker), so that count runs ahead of training; pass
     ``state_dict(consumed_samples=k)`` with the number of samples the model consumed in this
     epoch (including those before any resume). Every rank has the same length, so the state
-    saved on rank 0 resumes every rank; ``world_size`` and the order parameters must match.
+    saved on rank 0 resumes every rank; the order parameters and the dataset must match.
+
+    Elastic resume: a state saved with ``N`` ranks loads into a sampler built with ``M``; the
+    rest of the epoch is then the samples no rank had consumed, split over the ``M`` ranks
+    (padded by repetition, or with fewer than ``M`` dropped under ``drop_last``; see
+    :mod:`readers.resume`). Positions then count from the resume point: `start_position` is
+    0, ``len()`` is this rank's share of the rest.
 
     Args:
         dataset: Sized; optional ``shard_bounds``, ``labels`` and ``prefetch(start, stop)``.
@@ -121,6 +128,7 @@ class ChunkShuffleSampler(RankedEpochs):
             drop_last=drop_last,
             num_ordered=int(self._bounds[-1]) if self._ids is None else self._ids.size,
         )
+        self._dataset = dataset  # for the records' fingerprint of a resume state
         prefetch = getattr(dataset, "prefetch", None)
         self._prefetch = prefetch if callable(prefetch) else None
         self._lookahead = lookahead_samples(dataset, chunk_size=self._chunk_size, window=window)
@@ -133,6 +141,12 @@ class ChunkShuffleSampler(RankedEpochs):
     def num_selected(self) -> int:
         """Selected samples over all ranks (before padding or dropping)."""
         return self._num_ordered
+
+    @property
+    def start_position(self) -> int:
+        """Where the next pass starts in this rank's share: the loaded state's position at
+        the saved world size, 0 after a load at another (or no load)."""
+        return self._offset
 
     # ------------------------------------------------------------------ order
     def _start_epoch(self) -> None:
@@ -207,10 +221,13 @@ class ChunkShuffleSampler(RankedEpochs):
             "window": self._window,
             "num_selected": self._num_ordered,
             "selection_crc32": self._layout_crc32(self._bounds, self._ids),
+            "records_crc32": self._dataset_crc32(self._dataset),
         }
 
     def state_dict(self, consumed_samples: int | None = None) -> dict[str, Any]:
         """The resume state: epoch, position in this rank's share, and the order parameters.
+
+        The format (version 2, plain JSON) is in :mod:`readers.resume`.
 
         Args:
             consumed_samples: Samples of this rank's share the model consumed in the current
@@ -228,19 +245,38 @@ class ChunkShuffleSampler(RankedEpochs):
                     f"{len(self)} samples per epoch"
                 )
             position = int(consumed_samples)
-        state = {"version": SAMPLER_STATE_VERSION, "epoch": self._epoch, "position": position}
-        return state | self._params()
+        return sampler_state(
+            kind="ChunkShuffleSampler",
+            epoch=self._epoch,
+            position=position,
+            world_size=self._world_size,
+            history=self._history,
+            params=self._params(),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next pass yields the rest of the saved epoch from the saved position.
+        """Resume: the next pass yields the rest of the saved epoch.
+
+        At the saved world size, from the saved position of this rank's share; at another,
+        this rank's share of the samples no rank had consumed (see the class docstring).
 
         Raises:
-            ValueError: the state is incomplete, or was saved with other order parameters or
-                another selection of samples (the order would differ, so resuming would repeat
-                some samples and skip others).
+            ValueError: the state is incomplete, of another dataset or selection of samples,
+                or was saved with other order parameters (the order would differ, so resuming
+                would repeat some samples and skip others).
         """
-        self._epoch, self._offset = read_sampler_state(state, self._params(), length=len(self))
+        r = read_sampler_state(
+            state,
+            self._params(),
+            kind="ChunkShuffleSampler",
+            world_size=self._world_size,
+            num_units=self._num_ordered,
+            drop_last=self._drop_last,
+        )
+        self._set_history(r.epoch, r.history, r.rest)
+        self._offset = r.position
         self._pass = None
+        self._cache = None
 
 
 class ChunkShuffleBatchSampler:
@@ -291,7 +327,14 @@ class ChunkShuffleBatchSampler:
 
     @property
     def epoch(self) -> int:
+        """The epoch the next pass yields."""
         return self.sampler.epoch
+
+    @property
+    def start_batch(self) -> int:
+        """Batches of the epoch the next pass skips: the loaded state's position at the saved
+        world size, 0 after a load at another (count consumed batches on from here)."""
+        return -(-self.sampler.start_position // self.batch_size)
 
     def __len__(self) -> int:
         n = len(self.sampler)
