@@ -20,6 +20,7 @@ _EXPORTS = {
     "LmdbDataset": "readers.datasets.lmdb",
     "open_dataset": "readers.datasets",
     "RecordIODataset": "readers.datasets.recordio",
+    "BucketBatchSampler": "readers.buckets",
     "ChunkShuffleSampler": "readers.samplers",
     "ChunkShuffleBatchSampler": "readers.samplers",
     "ShardStream": "readers.stream",

@@ -406,13 +406,17 @@ def read_sampler_state(
             f"saved position {position} exceeds a rank's {length} units (world size {saved_size})"
         )
     if saved_size == world_size or position == 0:
-        return SamplerResume(int(epoch), int(position) if saved_size == world_size else 0,
-                             history, rest)
+        return SamplerResume(
+            int(epoch), int(position) if saved_size == world_size else 0, history, rest
+        )
     seg = Segment(int(saved_size), int(position))
     history = (*history, seg)
     base = np.arange(left, dtype=np.int64) if rest is None else rest
-    rest = base[unconsumed_positions(left, world_size=seg.world_size, drop_last=drop_last,
-                                     consumed=seg.position)]
+    rest = base[
+        unconsumed_positions(
+            left, world_size=seg.world_size, drop_last=drop_last, consumed=seg.position
+        )
+    ]
     return SamplerResume(int(epoch), 0, history, rest)
 
 
@@ -611,9 +615,11 @@ def read_stream_state(
         advice="build the stream with the saved parameters over the same dataset",
     )
     epoch, k = state["epoch"], state["consumed_batches"]
-    batch_size, num_workers, saved_size = state["batch_size"], state["num_workers"], state[
-        "world_size"
-    ]
+    batch_size, num_workers, saved_size = (
+        state["batch_size"],
+        state["num_workers"],
+        state["world_size"],
+    )
     for name, value, minimum in (
         ("epoch", epoch, 0),
         ("consumed_batches", k, 0),

@@ -62,7 +62,6 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
-import numpy as np
 import paddle
 
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
