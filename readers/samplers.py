@@ -34,7 +34,7 @@ from readers.order import (
     chunk_ranges,
     split_for_rank,
 )
-from readers.resume import read_sampler_state, sampler_state
+from readers.resume import Segment, read_sampler_state, sampler_state
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
@@ -329,6 +329,11 @@ class ChunkShuffleBatchSampler:
     def epoch(self) -> int:
         """The epoch the next pass yields."""
         return self.sampler.epoch
+
+    @property
+    def history(self) -> tuple[Segment, ...]:
+        """See :attr:`readers.epochs.RankedEpochs.history`."""
+        return self.sampler.history
 
     @property
     def start_batch(self) -> int:
