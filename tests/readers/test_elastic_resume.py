@@ -275,7 +275,8 @@ def test_version_1_state_still_loads() -> None:
         if world == 3:
             assert list(fresh) == full[20:]
         else:
-            assert fresh.history and len(fresh) == -(-(N_SAMPLES - 3 * 20) // 2)
+            assert fresh.history
+            assert len(fresh) == -(-(N_SAMPLES - 3 * 20) // 2)
 
 
 # ------------------------------------------------------------------ the pure functions
@@ -294,7 +295,7 @@ def test_unconsumed_positions_against_a_plain_reference(world: int, drop: bool) 
         got = unconsumed_positions(n, world_size=world, drop_last=drop, consumed=k).tolist()
         assert got == expected
         fn = unconsumed_positions(
-            n, world_size=world, drop_last=drop, consumed=lambda r, length: np.arange(k)
+            n, world_size=world, drop_last=drop, consumed=lambda r, length, k=k: np.arange(k)
         )
         assert fn.tolist() == expected
     assert rest_positions(10, (), drop_last=False) is None
