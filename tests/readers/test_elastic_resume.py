@@ -13,6 +13,7 @@ import pickle
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,6 +26,7 @@ from readers.resume import rest_positions, unconsumed_positions
 from readers.samplers import ChunkShuffleBatchSampler, ChunkShuffleSampler
 from readers.stream import ShardStream
 from tests.readers.test_order import round_robin
+from tests.readers.test_stream import packed, truth  # noqa: F401 - fixtures: a real LMDB
 
 SIZES = (1, 2, 3, 8)
 EPOCH = 2
@@ -360,3 +362,33 @@ def test_elastic_resume_through_a_paddle_dataloader_with_workers() -> None:
         got = Counter(i for r in rests for b in r for i in b)
         assert set(got) == set(range(N_SAMPLES)) - consumed
         assert sum(got.values()) - len(got) <= (loaded - 1) * 8, "repeats only as padding"
+
+
+def test_shard_stream_of_a_real_lmdb_resumes_on_fewer_ranks_with_other_workers(
+    packed: Path,  # noqa: F811 - the fixture imported above
+    truth: dict[str, Any],  # noqa: F811
+) -> None:
+    """Two ranks read 3 batches each through DataLoaders with 2 workers; one rank with 3
+    workers and another batch size then reads exactly the rest."""
+    from tests.readers.test_stream import loader_ids
+
+    paddle = pytest.importorskip("paddle")
+
+    def loader(stream: ShardStream, workers: int, batch_size: int) -> Any:
+        return paddle.io.DataLoader(stream, batch_size=batch_size, num_workers=workers)
+
+    kw: dict[str, Any] = {"chunk_size": 8, "shuffle_buffer": 16, "seed": 5}
+    consumed: set[int] = set()
+    state: dict[str, Any] = {}
+    for rank in range(2):
+        s = ShardStream(packed, rank=rank, world_size=2, **kw)
+        s.set_epoch(1)
+        consumed |= {i for b in loader_ids(loader(s, 2, 8), truth, stop=3) for i in b}
+        if rank == 0:
+            state = s.state_dict(consumed_batches=3, loader=loader(s, 2, 8))
+    resumed = ShardStream(packed, rank=0, world_size=1, **kw)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
+    assert resumed.start_batch == 0
+    rest = [i for b in loader_ids(loader(resumed, 3, 5), truth) for i in b]
+    assert len(consumed) == 2 * 3 * 8
+    assert sorted(rest) == sorted(set(range(len(truth["labels"]))) - consumed)
