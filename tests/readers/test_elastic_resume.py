@@ -392,3 +392,32 @@ def test_shard_stream_of_a_real_lmdb_resumes_on_fewer_ranks_with_other_workers(
     rest = [i for b in loader_ids(loader(resumed, 3, 5), truth) for i in b]
     assert len(consumed) == 2 * 3 * 8
     assert sorted(rest) == sorted(set(range(len(truth["labels"]))) - consumed)
+
+
+@pytest.mark.slow
+def test_recipe_two_processes_then_one(tmp_path: Path) -> None:
+    """scripts/recipe_mix_buckets.py as the README runs it: paddle.distributed.launch with 2
+    CPU processes, interrupted, resumed in 1 process; the epoch sees every sample."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    script = str(root / "scripts" / "recipe_mix_buckets.py")
+    data = tmp_path / "recipe"
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done.stdout
+
+    run(script, "make-data", str(data))
+    launch = ["-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+    run(
+        *launch, "--log_dir", str(tmp_path / "log"), script, "train", str(data), "--stop-after", "3"
+    )
+    state = json.loads((data / "ckpt.json").read_text())["sampler"]
+    assert (state["world_size"], state["position"]) == (2, 3)
+    run(script, "train", str(data), "--resume")
+    assert "420 of 420 samples seen; missing []; repeated 0" in run(script, "check", str(data))
