@@ -152,6 +152,7 @@ class ChunkShuffleSampler(RankedEpochs):
     def _start_epoch(self) -> None:
         self._offset = 0
         self._pass = None
+        self._cache = None  # it may hold a resumed epoch's share (after an elastic load)
 
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """This rank's full share of the order for ``epoch`` (default: the current one)."""

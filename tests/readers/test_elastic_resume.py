@@ -421,3 +421,17 @@ def test_recipe_two_processes_then_one(tmp_path: Path) -> None:
     assert (state["world_size"], state["position"]) == (2, 3)
     run(script, "train", str(data), "--resume")
     assert "420 of 420 samples seen; missing []; repeated 0" in run(script, "check", str(data))
+
+
+def test_another_epoch_and_back_forgets_the_elastic_rest() -> None:
+    kind = KINDS["chunk-sampler"]
+    state = kind.save(_ranks(kind, 2, False)[0], 30)
+    s = kind.make(0, 3, False)
+    s.load_state_dict(state)
+    assert len(s.rank_order()) < len(s) + 1 < 69
+    s.set_epoch(EPOCH + 1)
+    s.set_epoch(EPOCH)
+    fresh = kind.make(0, 3, False)
+    fresh.set_epoch(EPOCH)
+    assert s.rank_order().tolist() == fresh.rank_order().tolist()
+    assert len(s) == len(fresh) == 68
