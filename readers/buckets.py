@@ -277,10 +277,29 @@ def _shuffle_inside_buckets(
         np.cumsum(per_bucket) - per_bucket, per_bucket
     )
     block = np.cumsum(within % window == 0) - 1  # blocks never span two buckets
-    # Sort on (block, random key): a uniform shuffle inside each block, as chunk_order does.
-    key = np.repeat(block.astype(np.uint64), plen) << np.uint64(32)
-    key |= rng.integers(0, 2**32, size=n, dtype=np.uint64)
-    return pos[np.argsort(key, kind="stable")]
+    return pos[_shuffle_blocks(np.bincount(block, weights=plen).astype(np.int64), rng)]
+
+
+def _shuffle_blocks(lengths: IntArray, rng: np.random.Generator) -> IntArray:
+    """A permutation of ``[0, sum(lengths))`` that shuffles each block of consecutive
+    positions (of the given lengths) uniformly and keeps the blocks in place.
+
+    One row per block, sorted on its own: a random 32-bit key above the column number, so keys
+    are distinct and every correct sort gives the same order (no tie left to the sort
+    algorithm, whatever numpy or CPU). Rows of a few thousand keys sort in cache, about twice
+    as fast as one stable sort of 64-bit (block, key) pairs over the whole order.
+    """
+    if lengths.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    width = int(lengths.max())
+    col = np.arange(width, dtype=np.uint64)
+    keys = rng.integers(0, 2**32, size=(lengths.size, width), dtype=np.uint64)
+    keys <<= np.uint64(32)
+    keys |= col
+    valid = col[None, :] < lengths.astype(np.uint64)[:, None]
+    keys[~valid] = np.iinfo(np.uint64).max  # padding sorts last in its row, then is dropped
+    within = np.argsort(keys, axis=1)[valid]
+    return np.repeat(np.cumsum(lengths) - lengths, lengths) + within
 
 
 # --------------------------------------------------------------------------- the sampler
