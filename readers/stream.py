@@ -76,9 +76,9 @@ from readers.order import (
     worker_counts,
     worker_slice,
 )
-from readers.resume import StreamResume, loader_shape, read_stream_state, stream_state
 from readers.selection import SizedDataset, dataset_bounds
 from readers.stream_reader import finish_item, open_source, serve
+from readers.stream_resume import StreamResume, loader_shape, read_stream_state, stream_state
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
