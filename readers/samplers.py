@@ -232,8 +232,9 @@ class ChunkShuffleSampler(RankedEpochs):
 
         Args:
             consumed_samples: Samples of this rank's share the model consumed in the current
-                epoch, counted from the epoch's start. Default: the number this sampler has
-                yielded, which runs ahead of training under a prefetching ``DataLoader``.
+                epoch, counted from the epoch's start (after a load at another world size:
+                from that resume point). Default: the number this sampler has yielded, which
+                runs ahead of training under a prefetching ``DataLoader``.
         """
         if consumed_samples is None:
             p = self._pass
@@ -359,7 +360,8 @@ class ChunkShuffleBatchSampler:
         """The sampler's state; position in samples. Give at most one of the two counts.
 
         Args:
-            consumed_batches: Batches of the current epoch the model consumed (from its start).
+            consumed_batches: Batches of the current epoch the model consumed, from its start
+                (after a load at another world size: from that resume point, `start_batch`).
             consumed_samples: The same, in samples.
         """
         if consumed_batches is not None:
