@@ -111,11 +111,14 @@ _EXTRA = ("width", "height")
 
 
 def _sources(dataset: Any) -> list[Any] | None:
-    """The parts of a concatenation (``.datasets`` with ``.offsets``), else None."""
-    parts = getattr(dataset, "datasets", None)
-    if parts is None or getattr(dataset, "offsets", None) is None:
+    """The parts of a concatenation (``.datasets`` or ``.sources``, with ``.offsets``), else
+    None."""
+    if getattr(dataset, "offsets", None) is None:
         return None
-    return list(parts)
+    parts = getattr(dataset, "datasets", None)
+    if parts is None:
+        parts = getattr(dataset, "sources", None)
+    return None if parts is None else list(parts)
 
 
 def index_columns(dataset: Any, *names: str) -> list[npt.NDArray[Any]] | None:
