@@ -20,6 +20,7 @@ _EXPORTS = {
     "LmdbDataset": "readers.datasets.lmdb",
     "open_dataset": "readers.datasets",
     "RecordIODataset": "readers.datasets.recordio",
+    "BucketBatchSampler": "readers.buckets",
     "ChunkShuffleSampler": "readers.samplers",
     "ConcatDataset": "readers.concat",
     "ChunkShuffleBatchSampler": "readers.samplers",

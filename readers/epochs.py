@@ -1,13 +1,15 @@
 """What the samplers and ``ShardStream`` share: the rank and world size they split an order
-over, the epoch ``set_epoch`` chooses, a rank's length, and the parameters a resume state
-records (no paddle import unless the rank is left to ``paddle.distributed``)."""
+over, the epoch ``set_epoch`` chooses, a rank's length, the parameters a resume state records,
+and the rest of an epoch resumed at another world size (no paddle import unless the rank is
+left to ``paddle.distributed``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from readers.order import IntArray, check_nonneg, rank_share, rank_span
-from readers.resume import fingerprint
+from readers.order import IntArray, check_nonneg, chunk_order, rank_share, rank_span
+from readers.resume import Segment, fingerprint, resume_share
+from readers.selection import dataset_records_crc32
 
 __all__ = ["DEFAULT_WINDOW", "RankedEpochs", "check_rank"]
 
@@ -37,6 +39,11 @@ class RankedEpochs:
     rank's length, ``set_epoch`` (which never runs inside ``__iter__``) and the parameters
     every resume state records. Subclasses call `_setup_epochs` in their constructor and
     extend `_order_params` and `_start_epoch`.
+
+    After an elastic load (`_set_history`), the epoch named there is the rest of the saved
+    epoch: ``_rest`` holds the positions of its global order still to yield
+    (``readers.resume.rest_positions``), and ranks split those; `set_epoch` to another epoch
+    forgets them.
     """
 
     _rank: int
@@ -48,6 +55,9 @@ class RankedEpochs:
     _num_ordered: int
     _epoch: int
     _fingerprint: int | None
+    _records_crc32: int | None
+    _history: tuple[Segment, ...]
+    _rest: IntArray | None
 
     def _setup_epochs(
         self,
@@ -69,6 +79,9 @@ class RankedEpochs:
         self._num_ordered = int(num_ordered)
         self._epoch = 0
         self._fingerprint = None
+        self._records_crc32 = -1  # not computed yet; None: the dataset has no record CRCs
+        self._history = ()
+        self._rest = None
 
     @property
     def epoch(self) -> int:
@@ -90,10 +103,19 @@ class RankedEpochs:
         """Samples per chunk: the ``chunk_size`` given, or the one chosen by stored bytes."""
         return self._chunk_size
 
+    @property
+    def history(self) -> tuple[Segment, ...]:
+        """The current epoch's earlier stretches at other world sizes (elastic resume)."""
+        return self._history
+
+    def _units_now(self) -> int:
+        """Units of the current epoch's order the ranks split: all, or the rest after history."""
+        return self._num_ordered if self._rest is None else int(self._rest.size)
+
     def __len__(self) -> int:
         """Samples this rank yields per epoch (every rank the same)."""
         start, stop = rank_span(
-            self._num_ordered,
+            self._units_now(),
             rank=self._rank,
             world_size=self._world_size,
             drop_last=self._drop_last,
@@ -105,12 +127,40 @@ class RankedEpochs:
         check_nonneg("epoch", epoch)
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
+            self._history, self._rest = (), None
             self._start_epoch()
+
+    def _set_history(self, epoch: int, history: tuple[Segment, ...], rest: IntArray | None) -> None:
+        """Make `epoch` current, as the rest of the saved epoch after `history`."""
+        self._epoch = int(epoch)
+        self._history, self._rest = tuple(history), rest
+
+    def _share_of(self, order: IntArray, epoch: int) -> IntArray:
+        """This rank's share of `epoch`'s global `order` (of units), after any elastic resume."""
+        rest = self._rest if epoch == self._epoch else None
+        return resume_share(
+            order,
+            rest=rest,
+            rank=self._rank,
+            world_size=self._world_size,
+            drop_last=self._drop_last,
+        )
 
     def _rank_share(
         self, bounds: IntArray, *, epoch: int, window: int, ids: IntArray | None = None
     ) -> IntArray:
         """This rank's share of the global order of `epoch` (``readers.order.rank_share``)."""
+        if self._rest is not None and epoch == self._epoch:
+            order = chunk_order(
+                bounds,
+                chunk_size=self._chunk_size,
+                window=window,
+                seed=self._seed,
+                epoch=epoch,
+                shuffle=self._shuffle,
+                ids=ids,
+            )
+            return self._share_of(order, epoch)
         return rank_share(
             bounds,
             chunk_size=self._chunk_size,
@@ -143,12 +193,22 @@ class RankedEpochs:
             self._fingerprint = fingerprint(*layout)
         return self._fingerprint
 
+    def _dataset_crc32(self, dataset: Any) -> int | None:
+        """CRC-32 of `dataset`'s record CRCs (``readers.selection.dataset_records_crc32``),
+        computed once; None for a dataset without them."""
+        if self._records_crc32 == -1:
+            self._records_crc32 = dataset_records_crc32(dataset)
+        return self._records_crc32
+
     def _order_params(self) -> dict[str, Any]:
-        """The order parameters every resume state records and checks on load."""
+        """The order parameters every resume state records and checks on load.
+
+        The world size is not among them: a state records it apart, and loads at another
+        (elastic resume, ``readers.resume``).
+        """
         return {
             "seed": self._seed,
             "chunk_size": self._chunk_size,
             "shuffle": self._shuffle,
             "drop_last": self._drop_last,
-            "world_size": self._world_size,
         }

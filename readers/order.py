@@ -38,6 +38,7 @@ __all__ = [
     "rank_span",
     "sequential_runs",
     "split_for_rank",
+    "worker_buffer_order",
     "worker_counts",
     "worker_slice",
 ]
@@ -356,6 +357,17 @@ def buffer_order(m: int, *, buffer: int, rng: np.random.Generator) -> IntArray:
     final[slot[last]] = by_slot[last] + buffer
     out[steps:] = final[rng.permutation(buffer)]
     return out
+
+
+def worker_buffer_order(
+    m: int, *, buffer: int, seed: int, epoch: int, rank: int, worker: int
+) -> IntArray:
+    """``buffer_order`` of a worker's span of ``m`` samples, seeded ``(seed, epoch, rank, worker)``.
+
+    What ``ShardStream``'s workers emit, and what its resume states replay.
+    """
+    rng = np.random.default_rng([int(seed), int(epoch), int(rank), int(worker)])
+    return buffer_order(m, buffer=buffer, rng=rng)
 
 
 def loader_batches(

@@ -4,7 +4,8 @@ The order of an epoch is ``readers.order.chunk_order`` (chunks of neighbouring i
 order, mixed inside blocks of ``window`` chunks) split into contiguous rank shares
 (``split_for_rank``); a default chunk holds about ``CHUNK_BYTES`` of stored bytes. Samplers
 never change the order inside ``__iter__``: ``set_epoch`` chooses the epoch, and
-``state_dict``/``load_state_dict`` resume mid-epoch (see :class:`ChunkShuffleSampler`). Each
+``state_dict``/``load_state_dict`` resume mid-epoch, at the saved world size or another
+(:mod:`readers.resume`; see :class:`ChunkShuffleSampler`). Each
 chunk is hinted to ``dataset.prefetch`` a bounded distance ahead of its first read
 (:mod:`readers.hints`). Over a ``readers.ConcatDataset``, ``weights=``/``epoch_samples=``/``mix=``
 draw exact per-source counts each epoch instead (:mod:`readers.mixing`).
@@ -35,7 +36,7 @@ from readers.order import (
     chunk_ranges,
     split_for_rank,
 )
-from readers.resume import SAMPLER_STATE_VERSION, read_sampler_state
+from readers.resume import Segment, read_sampler_state, sampler_state
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
@@ -76,7 +77,13 @@ class ChunkShuffleSampler(RankedEpochs):
     (``prefetch_factor`` batches per worker), so that count runs ahead of training; pass
     ``state_dict(consumed_samples=k)`` with the number of samples the model consumed in this
     epoch (including those before any resume). Every rank has the same length, so the state
-    saved on rank 0 resumes every rank; ``world_size`` and the order parameters must match.
+    saved on rank 0 resumes every rank; the order parameters and the dataset must match.
+
+    Elastic resume: a state saved with ``N`` ranks loads into a sampler built with ``M``; the
+    rest of the epoch is then the samples no rank had consumed, split over the ``M`` ranks
+    (padded by repetition, or with fewer than ``M`` dropped under ``drop_last``; see
+    :mod:`readers.resume`). Positions then count from the resume point: `start_position` is
+    0, ``len()`` is this rank's share of the rest.
 
     Args:
         dataset: Sized; optional ``shard_bounds``, ``labels`` and ``prefetch(start, stop)``.
@@ -158,6 +165,7 @@ class ChunkShuffleSampler(RankedEpochs):
                 else self._mix.num_ordered
             ),
         )
+        self._dataset = dataset  # for the records' fingerprint of a resume state
         prefetch = getattr(dataset, "prefetch", None)
         self._prefetch = prefetch if callable(prefetch) else None
         self._lookahead = lookahead_samples(dataset, chunk_size=self._chunk_size, window=window)
@@ -183,10 +191,17 @@ class ChunkShuffleSampler(RankedEpochs):
             return super().__len__()
         return self._mix.rank_length(world_size=self._world_size, drop_last=self._drop_last)
 
+    @property
+    def start_position(self) -> int:
+        """Where the next pass starts in this rank's share: the loaded state's position at
+        the saved world size, 0 after a load at another (or no load)."""
+        return self._offset
+
     # ------------------------------------------------------------------ order
     def _start_epoch(self) -> None:
         self._offset = 0
         self._pass = None
+        self._cache = None  # it may hold a resumed epoch's share (after an elastic load)
 
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """This rank's full share of the order for ``epoch`` (default: the current one)."""
@@ -196,6 +211,11 @@ class ChunkShuffleSampler(RankedEpochs):
                 share = self._rank_share(
                     self._bounds, epoch=epoch, window=self._window, ids=self._ids
                 )
+            elif self._rest is not None and epoch == self._epoch:  # after an elastic load
+                order = self._mix.order(
+                    epoch, window=self._window, seed=self._seed, shuffle=self._shuffle
+                )
+                share = self._share_of(order, epoch)
             else:
                 share = self._mix.rank_share(epoch, window=self._window, **self._split_args())
             self._cache = (epoch, share)
@@ -262,16 +282,20 @@ class ChunkShuffleSampler(RankedEpochs):
             "window": self._window,
             "num_selected": self._num_ordered,
             "selection_crc32": self._layout_crc32(self._bounds, self._ids),
+            "records_crc32": self._dataset_crc32(self._dataset),
         }
         return params if self._mix is None else params | self._mix.params()
 
     def state_dict(self, consumed_samples: int | None = None) -> dict[str, Any]:
         """The resume state: epoch, position in this rank's share, and the order parameters.
 
+        The format (version 2, plain JSON) is in :mod:`readers.resume`.
+
         Args:
             consumed_samples: Samples of this rank's share the model consumed in the current
-                epoch, counted from the epoch's start. Default: the number this sampler has
-                yielded, which runs ahead of training under a prefetching ``DataLoader``.
+                epoch, counted from the epoch's start (after a load at another world size:
+                from that resume point). Default: the number this sampler has yielded, which
+                runs ahead of training under a prefetching ``DataLoader``.
         """
         if consumed_samples is None:
             p = self._pass
@@ -284,19 +308,46 @@ class ChunkShuffleSampler(RankedEpochs):
                     f"{len(self)} samples per epoch"
                 )
             position = int(consumed_samples)
-        state = {"version": SAMPLER_STATE_VERSION, "epoch": self._epoch, "position": position}
-        return state | self._params()
+        return sampler_state(
+            kind="ChunkShuffleSampler",
+            epoch=self._epoch,
+            position=position,
+            world_size=self._world_size,
+            history=self._history,
+            params=self._params(),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next pass yields the rest of the saved epoch from the saved position.
+        """Resume: the next pass yields the rest of the saved epoch.
+
+        At the saved world size, from the saved position of this rank's share; at another,
+        this rank's share of the samples no rank had consumed (see the class docstring).
 
         Raises:
-            ValueError: the state is incomplete, or was saved with other order parameters or
-                another selection of samples (the order would differ, so resuming would repeat
-                some samples and skip others).
+            ValueError: the state is incomplete, of another dataset or selection of samples,
+                or was saved with other order parameters (the order would differ, so resuming
+                would repeat some samples and skip others).
         """
-        self._epoch, self._offset = read_sampler_state(state, self._params(), length=len(self))
+        saved_size = state.get("world_size", self._world_size)
+        if self._mix is not None and self._mix.split_unit is not None:
+            if saved_size != self._world_size:
+                raise ValueError(
+                    f"cannot resume a mix='batch' state saved with world_size={saved_size} at "
+                    f"world_size={self._world_size}: resume it at the saved world size, or "
+                    "use mix='epoch' (which resumes on any number of ranks)"
+                )
+        r = read_sampler_state(
+            state,
+            self._params(),
+            kind="ChunkShuffleSampler",
+            world_size=self._world_size,
+            num_units=self._num_ordered,
+            drop_last=self._drop_last,
+        )
+        self._set_history(r.epoch, r.history, r.rest)
+        self._offset = r.position
         self._pass = None
+        self._cache = None
 
 
 class ChunkShuffleBatchSampler:
@@ -355,7 +406,19 @@ class ChunkShuffleBatchSampler:
 
     @property
     def epoch(self) -> int:
+        """The epoch the next pass yields."""
         return self.sampler.epoch
+
+    @property
+    def history(self) -> tuple[Segment, ...]:
+        """See :attr:`readers.epochs.RankedEpochs.history`."""
+        return self.sampler.history
+
+    @property
+    def start_batch(self) -> int:
+        """Batches of the epoch the next pass skips: the loaded state's position at the saved
+        world size, 0 after a load at another (count consumed batches on from here)."""
+        return -(-self.sampler.start_position // self.batch_size)
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -374,7 +437,8 @@ class ChunkShuffleBatchSampler:
         """The sampler's state; position in samples. Give at most one of the two counts.
 
         Args:
-            consumed_batches: Batches of the current epoch the model consumed (from its start).
+            consumed_batches: Batches of the current epoch the model consumed, from its start
+                (after a load at another world size: from that resume point, `start_batch`).
             consumed_samples: The same, in samples.
         """
         if consumed_batches is not None:

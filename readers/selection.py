@@ -1,16 +1,24 @@
-"""What samplers and streams read from a dataset: its shard bounds and the selected ids."""
+"""What samplers and streams read from a dataset: its shard bounds, the selected ids, and
+columns of its index (record CRCs, widths, heights), never the records themselves."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from readers.order import IntArray, as_bounds
 
-__all__ = ["SizedDataset", "dataset_bounds", "select_ids"]
+__all__ = [
+    "SizedDataset",
+    "dataset_bounds",
+    "dataset_records_crc32",
+    "index_columns",
+    "select_ids",
+]
 
 
 class SizedDataset(Protocol):
@@ -94,3 +102,74 @@ def select_ids(
     if keep is None or bool(keep.all()):
         return None
     return np.flatnonzero(keep).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- index columns
+
+_CORE = ("nbytes", "crc32")
+_EXTRA = ("width", "height")
+
+
+def _sources(dataset: Any) -> list[Any] | None:
+    """The parts of a concatenation (``.datasets`` or ``.sources``, with ``.offsets``), else
+    None."""
+    if getattr(dataset, "offsets", None) is None:
+        return None
+    parts = getattr(dataset, "datasets", None)
+    if parts is None:
+        parts = getattr(dataset, "sources", None)
+    return None if parts is None else list(parts)
+
+
+def index_columns(dataset: Any, *names: str) -> list[npt.NDArray[Any]] | None:
+    """Columns of a dataset's index, one entry per sample each, or None when one is missing.
+
+    ``nbytes`` and ``crc32`` come from ``dataset.index``; ``width`` and ``height`` from
+    ``dataset.index.extra`` when loaded, else from the dataset's index files, once
+    (``readers.index.load_index(root, extra=...)``; no record is read or decoded). A
+    concatenation (``.datasets`` and ``.offsets``, like ``readers.ConcatDataset``) joins its
+    parts' columns; a dataset may also answer itself with ``dataset.index_column(name)``.
+
+    Raises:
+        ValueError: a name is not one of ``nbytes``, ``crc32``, ``width``, ``height``.
+    """
+    for name in names:
+        if name not in _CORE + _EXTRA:
+            raise ValueError(f"unknown index column {name!r}; expected one of {_CORE + _EXTRA}")
+    own = getattr(dataset, "index_column", None)
+    if callable(own):
+        found = [own(name) for name in names]
+        return None if any(c is None for c in found) else [np.asarray(c) for c in found]
+    parts = _sources(dataset)
+    if parts is not None:
+        per_part = [index_columns(part, *names) for part in parts]
+        if any(p is None for p in per_part):
+            return None
+        return [
+            np.concatenate([np.asarray(p[j]) for p in per_part if p is not None])
+            if per_part
+            else np.zeros(0, np.int64)
+            for j in range(len(names))
+        ]
+    index = getattr(dataset, "index", None)
+    if index is None:
+        return None
+    extra = dict(getattr(index, "extra", None) or {})
+    root = getattr(index, "root", None)
+    if root is not None and any(n in _EXTRA and n not in extra for n in names):
+        from readers.index import load_index  # lazy: only for datasets with index files
+
+        extra |= load_index(root, extra=_EXTRA).extra
+    cols = [getattr(index, n, None) if n in _CORE else extra.get(n) for n in names]
+    if any(c is None or len(c) != len(dataset) for c in cols):
+        return None
+    return [np.asarray(c) for c in cols]
+
+
+def dataset_records_crc32(dataset: Any) -> int | None:
+    """CRC-32 over the CRC-32s of every record in the index: the same for the same stored
+    records in the same order, whatever the copy; None without an index."""
+    found = index_columns(dataset, "crc32")
+    if found is None:
+        return None
+    return zlib.crc32(np.ascontiguousarray(found[0], dtype="<u4").tobytes())

@@ -38,6 +38,13 @@ of the old run becomes batch ``(r', j)`` of the new one with ``r' * V + j = r * 
 for one constant ``c`` (the position key of the first remaining batch), so the lexicographic
 order, and hence the loader's output, is the rest of the old run batch for batch.
 
+**Resume at another world size.** A state saved with ``N`` ranks loads into a stream built
+with ``M``: every saved rank's consumed samples follow from the same accounting (each
+worker's first emitted samples, replayed from the seeds), the rest of the epoch is the
+samples no rank consumed, and the ``M`` ranks split that rest as a fresh epoch is split
+(``readers.resume``); any ``num_workers`` and ``batch_size`` may be used from there, and
+consumed batches count from the resume point.
+
 Paddle 3.3 cannot run an ``IterableDataset`` with ``persistent_workers=True``: the loader
 asserts "too many indices have been put to queue" when the first worker runs out
 (``dataloader_iter.py`` line 790; ``_get_data`` keeps the finished worker's request
@@ -60,7 +67,6 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import paddle
 
 from readers.concat import open_stream_sources
@@ -73,12 +79,13 @@ from readers.order import (
     check_nonneg,
     chunk_ranges,
     loader_batches,
+    worker_buffer_order,
     worker_counts,
     worker_slice,
 )
-from readers.resume import StreamResume, loader_shape, read_stream_state, stream_state
 from readers.selection import SizedDataset, dataset_bounds
 from readers.stream_reader import serve
+from readers.stream_resume import StreamResume, loader_shape, read_stream_state, stream_state
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -249,14 +256,24 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         epoch = self._epoch if epoch is None else epoch
         if self._mix is None:
             return self._rank_share(self._bounds, epoch=epoch, window=0)
+        if self._rest is not None and epoch == self._epoch:  # after an elastic load
+            order = self._mix.order(epoch, window=0, seed=self._seed, shuffle=self._shuffle)
+            return self._share_of(order, epoch)
         return self._mix.rank_share(epoch, window=0, **self._split_args())
 
     def _worker_plan(self, epoch: int, worker: int, num_workers: int) -> tuple[IntArray, IntArray]:
         """The ids a worker reads, in read order, and the order its buffer emits them in."""
         share = self.rank_order(epoch)
         ids = share[worker_slice(share.size, worker=worker, num_workers=num_workers)]
-        rng = np.random.default_rng([self._seed, int(epoch), self._rank, int(worker)])
-        return ids, buffer_order(ids.size, buffer=self._buffer, rng=rng)
+        order = worker_buffer_order(
+            ids.size,
+            buffer=self._buffer,
+            seed=self._seed,
+            epoch=epoch,
+            rank=self._rank,
+            worker=worker,
+        )
+        return ids, order
 
     def worker_order(
         self, worker: int = 0, num_workers: int = 0, epoch: int | None = None
@@ -317,6 +334,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             "shuffle_buffer": self._buffer,
             "num_samples": int(self._bounds[-1]),
             "shards_crc32": self._layout_crc32(self._bounds),
+            "records_crc32": self._dataset_crc32(self.dataset),
         }
         return params if self._mix is None else params | self._mix.params()
 
@@ -344,6 +362,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         return stream_state(
             length=len(self),
             epoch=self._epoch,
+            world_size=self._world_size,
+            history=self._history,
             params=self._params(),
             consumed_samples=consumed_samples,
             consumed_batches=consumed_batches,
@@ -354,13 +374,30 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         """Resume: passes over the saved epoch continue where the saved run stopped.
 
         The resume point holds until ``set_epoch`` chooses another epoch (whatever the number
-        of workers: a worker's copy cannot report back that its pass ended). Iterate with a
-        loader of the saved ``batch_size``, ``num_workers`` and ``drop_last``.
+        of workers: a worker's copy cannot report back that its pass ended). At the saved
+        world size, iterate with a loader of the saved ``batch_size``, ``num_workers`` and
+        ``drop_last``; at another, this rank yields its share of the samples no rank had
+        consumed, with any loader (see the module docstring).
 
         Raises:
-            ValueError: the state is incomplete, or was saved with other order parameters or
-                another dataset layout (the order would differ, so resuming would repeat some
+            ValueError: the state is incomplete, of another dataset, or was saved with other
+                order parameters (the order would differ, so resuming would repeat some
                 samples and skip others).
         """
-        self._resume = read_stream_state(state, self._params(), length=len(self))
-        self._epoch = self._resume.epoch
+        restart = read_stream_state(
+            state,
+            self._params(),
+            world_size=self._world_size,
+            num_units=self._num_ordered,
+            drop_last=self._drop_last,
+            seed=self._seed,
+            buffer=self._buffer,
+        )
+        self._set_history(restart.epoch, restart.history, restart.rest)
+        self._resume = restart.resume
+
+    @property
+    def start_batch(self) -> int:
+        """Loader batches of the epoch the next pass skips: the loaded state's
+        ``consumed_batches`` at the saved world size, 0 at another (or without a load)."""
+        return 0 if self._resume is None else self._resume.consumed_batches

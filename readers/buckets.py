@@ -1,0 +1,290 @@
+"""``BucketBatchSampler``: bucket-pure batches of width, height or aspect for a DataLoader, with
+the seed, epoch, rank, ``drop_last`` and (elastic) resume semantics of the chunked sampler.
+
+The order of an epoch is :mod:`readers.bucket_order` (buckets from the index's quantiles or
+given boundaries, chunks inside buckets, batches merged over buckets, contiguous rank shares of
+the epoch's list of batches); resume counts whole batches (:mod:`readers.resume`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from readers.bucket_order import (
+    KEYS,
+    assign_buckets,
+    bucket_batch_sizes,
+    bucket_batches,
+    bucket_edges,
+    key_values,
+)
+from readers.epochs import DEFAULT_WINDOW, RankedEpochs
+from readers.io.hints import resolve_chunk_size
+from readers.order import IntArray, check_nonneg
+from readers.resume import fingerprint, read_sampler_state, sampler_state
+from readers.selection import SizedDataset, dataset_bounds, select_ids
+
+__all__ = [
+    "KEYS",
+    "BucketBatchSampler",
+    "assign_buckets",
+    "bucket_batch_sizes",
+    "bucket_batches",
+    "bucket_edges",
+    "key_values",
+]
+
+
+class BucketBatchSampler(RankedEpochs):
+    """Bucket-pure batches of this rank, for ``paddle.io.DataLoader(batch_sampler=...)``.
+
+    Each batch holds samples of one bucket of width, height or aspect (``width / height``),
+    read from the dataset's index alone; the epoch is a pure function of ``(seed, epoch)`` and
+    the index (see the module docstring), split over ranks so that every rank yields the same
+    number of batches. ``set_epoch`` chooses the epoch; ``state_dict(consumed_batches=k)`` and
+    ``load_state_dict`` resume mid-epoch, at the saved world size or another (then the rest is
+    the batches no rank had consumed, split over the new ranks; ``readers.resume``).
+
+    Args:
+        dataset: Sized, with an index holding ``width``/``height`` (a packed dataset, or a
+            ``ConcatDataset`` of them), unless ``key`` is an array; optional ``shard_bounds``.
+        batch_size: Samples per batch; with ``scale_batch``, those of the widest bucket.
+        key: ``"width"``, ``"height"``, ``"aspect"``, or an array of one value per sample.
+        buckets: ``K``: quantile buckets of the selected samples (at most ``K``, none empty);
+            or the boundaries ``[e1, ..., e(K-1)]``, bucket ``b`` holding
+            ``e(b) <= value < e(b+1)``.
+        batch_sizes: One batch size per bucket, instead of ``batch_size`` in each.
+        scale_batch: Bucket ``b`` holds ``floor(batch_size * top / top_b)`` samples (``top_b``
+            its largest value, ``top`` the largest of all), so ``batch size x width`` stays
+            about constant.
+        chunk_size: Neighbouring members of a bucket per chunk; default about 1 MiB of stored
+            bytes by the index (as for the chunked sampler).
+        window: Chunks of a bucket per shuffle block; 0 keeps each chunk in id order.
+        shuffle: False: ids ascending and buckets in order.
+        seed: Non-negative seed shared by all ranks.
+        drop_last: Drop each bucket's short last batch, and the last ``B % world_size``
+            batches, instead of keeping the short batches and padding by repetition.
+        rank: This rank; default ``paddle.distributed.get_rank()``.
+        world_size: Number of ranks; default ``paddle.distributed.get_world_size()``.
+        indices: A boolean mask over the dataset or an array of ids: sample only these.
+        labels: Label values to keep (needs ``dataset.labels``); combined with ``indices``.
+    """
+
+    def __init__(
+        self,
+        dataset: SizedDataset,
+        batch_size: int,
+        *,
+        key: str | npt.ArrayLike = "width",
+        buckets: int | Sequence[float] = 8,
+        batch_sizes: Sequence[int] | None = None,
+        scale_batch: bool = False,
+        chunk_size: int | None = None,
+        window: int = DEFAULT_WINDOW,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        indices: npt.ArrayLike | None = None,
+        labels: Iterable[int | str] | None = None,
+    ) -> None:
+        check_nonneg("batch_size", batch_size, 1)
+        if chunk_size is not None:
+            check_nonneg("chunk_size", chunk_size, 1)
+        check_nonneg("window", window)
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self._dataset = dataset
+        self._window = int(window)
+        self._key = key if isinstance(key, str) else "values"
+        dataset_bounds(dataset)  # checks shard_bounds against len
+        self._ids = select_ids(dataset, indices, labels)  # None: all
+        values = key_values(dataset, key)
+        if self._ids is not None:
+            values = values[self._ids]
+        self._check_known(values)
+        self._edges = bucket_edges(values, buckets)
+        self._bucket = assign_buckets(values, self._edges)
+        self._sizes = bucket_batch_sizes(
+            values,
+            self._bucket,
+            num_buckets=self._edges.size + 1,
+            batch_size=self.batch_size,
+            batch_sizes=batch_sizes,
+            scale_batch=scale_batch,
+        )
+        counts = np.bincount(self._bucket, minlength=self._edges.size + 1)
+        nb = counts // self._sizes if drop_last else -(-counts // self._sizes)
+        self._counts = counts.astype(np.int64)
+        self._setup_epochs(
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            chunk_size=resolve_chunk_size(dataset, chunk_size, self._ids),
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_ordered=int(nb.sum()),
+        )
+        self._offset = 0  # where the next pass starts, in batches of this rank's share
+        self._done: int | None = None  # batches the latest pass yielded (None: no pass)
+        self._cache: tuple[int, IntArray, IntArray, IntArray] | None = None
+        self._buckets_crc: int | None = None
+
+    def _check_known(self, values: npt.NDArray[Any]) -> None:
+        """Refuse samples whose key the index does not know (-1) or that is not finite."""
+        floats = not np.issubdtype(values.dtype, np.integer)
+        if self._key == "values":
+            if not floats or bool(np.all(np.isfinite(values))):
+                return
+            unknown = ~np.isfinite(values)
+        else:
+            if values.size == 0 or (values.min() > 0 and (not floats or np.isfinite(values.max()))):
+                return
+            unknown = values <= 0  # the index writes -1 for a size it does not know
+            if floats:
+                unknown |= ~np.isfinite(values)
+        bad = np.flatnonzero(unknown)
+        ids = bad if self._ids is None else self._ids[bad]
+        raise ValueError(
+            f"{bad.size} selected samples have no {self._key} in the index (ids "
+            f"{ids[:5].tolist()}{' ...' if bad.size > 5 else ''}); leave them out with "
+            "indices=, or pass key=<an array of one value per sample>"
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def boundaries(self) -> list[float]:
+        """The boundaries between buckets (``len + 1`` buckets)."""
+        return [float(e) for e in self._edges]
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Samples per batch in each bucket."""
+        return [int(b) for b in self._sizes]
+
+    @property
+    def bucket_counts(self) -> list[int]:
+        """Selected samples in each bucket."""
+        return [int(c) for c in self._counts]
+
+    @property
+    def num_batches(self) -> int:
+        """Batches of an epoch over all ranks (before padding or dropping)."""
+        return self._num_ordered
+
+    @property
+    def start_batch(self) -> int:
+        """Batches of this rank's share the next pass skips: the loaded state's position at
+        the saved world size, 0 after a load at another (count consumed batches from here)."""
+        return self._offset
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch (every rank the same)."""
+        return RankedEpochs.__len__(self)
+
+    # ------------------------------------------------------------------ order
+    def _start_epoch(self) -> None:
+        self._offset = 0
+        self._done = None
+
+    def epoch_batches(self, epoch: int | None = None) -> tuple[IntArray, IntArray, IntArray]:
+        """The epoch's global batches, ``(flat, bounds, batch_bucket)`` (`bucket_batches`)."""
+        epoch = self._epoch if epoch is None else int(epoch)
+        if self._cache is None or self._cache[0] != epoch:
+            flat, bounds, bucket = bucket_batches(
+                self._ids,
+                self._bucket,
+                batch_sizes=self._sizes,
+                chunk_size=self._chunk_size,
+                window=self._window,
+                seed=self._seed,
+                epoch=epoch,
+                shuffle=self._shuffle,
+                drop_last=self.drop_last,
+            )
+            self._cache = (epoch, flat, bounds, bucket)
+        return self._cache[1], self._cache[2], self._cache[3]
+
+    def rank_order(self, epoch: int | None = None) -> IntArray:
+        """The numbers of this rank's batches in ``epoch`` (into `epoch_batches`), in order."""
+        epoch = self._epoch if epoch is None else int(epoch)
+        return self._share_of(np.arange(self._num_ordered, dtype=np.int64), epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._batches(self._epoch, self._offset)
+
+    def _batches(self, epoch: int, offset: int) -> Iterator[list[int]]:
+        flat, bounds, _ = self.epoch_batches(epoch)
+        share = self.rank_order(epoch)
+        self._done = offset
+        for j in range(offset, share.size):
+            b = int(share[j])
+            self._done = j + 1
+            yield flat[bounds[b] : bounds[b + 1]].tolist()
+        self._offset = 0  # the resume offset is used once
+
+    # ------------------------------------------------------------------ resume
+    def _params(self) -> dict[str, Any]:
+        if self._buckets_crc is None:
+            self._buckets_crc = fingerprint(self._bucket, self._ids)
+        return self._order_params() | {
+            "window": self._window,
+            "key": self._key,
+            "boundaries": self._edges.tolist(),
+            "batch_sizes": self._sizes.tolist(),
+            "num_selected": int(self._bucket.size),
+            "buckets_crc32": self._buckets_crc,
+            "records_crc32": self._dataset_crc32(self._dataset),
+        }
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """The resume state (version 2, plain JSON; format in :mod:`readers.resume`).
+
+        Args:
+            consumed_batches: Batches of this rank's share the model consumed in the current
+                epoch, counted from its start (or from an elastic resume). Default: the number
+                this sampler has yielded, which runs ahead of training under a prefetching
+                ``DataLoader``.
+        """
+        if consumed_batches is None:
+            position = self._offset if self._done is None else self._done
+        else:
+            check_nonneg("consumed_batches", consumed_batches)
+            if consumed_batches > len(self):
+                raise ValueError(
+                    f"consumed_batches={consumed_batches} exceeds this rank's {len(self)} "
+                    "batches per epoch"
+                )
+            position = int(consumed_batches)
+        return sampler_state(
+            kind="BucketBatchSampler",
+            epoch=self._epoch,
+            position=position,
+            world_size=self._world_size,
+            history=self._history,
+            params=self._params(),
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next pass yields the rest of the saved epoch (see the class docstring).
+
+        Raises:
+            ValueError: the state is incomplete, of another sampler class or dataset, or was
+                saved with other parameters (key, boundaries, batch sizes, seed, ...).
+        """
+        r = read_sampler_state(
+            state,
+            self._params(),
+            kind="BucketBatchSampler",
+            world_size=self._world_size,
+            num_units=self._num_ordered,
+            drop_last=self._drop_last,
+        )
+        self._set_history(r.epoch, r.history, r.rest)
+        self._offset = r.position
+        self._done = None
