@@ -128,7 +128,8 @@ def run_engine(
 ) -> None:
     """Have ``job.cfg.engine`` write the planned shards of `job` that are not finished
     (`packer.engines`); `pool`: the local engine's process pool, when `_early_pool` started
-    it."""
+    it.
+    """
     if job.cfg.engine == "ray":
         from packer.engines.ray import run_ray  # ray is imported only here
 
@@ -206,7 +207,8 @@ def _prepare_build_dir(
 @contextlib.contextmanager
 def _early_pool(cfg: BuildConfig) -> Iterator[Any | None]:
     """The local engine's process pool, started before the scan: its processes import OpenCV
-    on the other cores while this one scans and plans (this one never decodes then)."""
+    on the other cores while this one scans and plans (this one never decodes then).
+    """
     if cfg.engine != "local" or cfg.workers <= 1:
         yield None
         return

@@ -73,7 +73,8 @@ class NotADatasetError(PackerError):
 
 class OutputParentError(PackerError):
     """OUT's parent directory is missing and cannot be made, is not a directory, or is not
-    writable."""
+    writable.
+    """
 
     def __init__(self, out: str, problem: str) -> None:
         super().__init__(

@@ -1,6 +1,7 @@
 """One build job as a value: the config, the plan (entries and shards), the build directory
 and the shards already finished there; and `ShardSettings`, the part of the config that the
-task of one shard needs (what an engine sends to a pool process or a Ray task)."""
+task of one shard needs (what an engine sends to a pool process or a Ray task).
+"""
 
 from __future__ import annotations
 

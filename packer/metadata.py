@@ -1,5 +1,6 @@
 """The meta.json fields that `readers.meta.load_meta` lets through unchecked (shard sizes,
-class names), read defensively for ``packer info`` and checked for ``packer verify``."""
+class names), read defensively for ``packer info`` and checked for ``packer verify``.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def _size_ok(value: Any) -> bool:
 
 def shard_disk_bytes(shard: dict[str, Any]) -> int | None:
     """A shard's size on disk (``file_bytes``, else ``bytes``), or None when meta.json does
-    not say it in a usable form."""
+    not say it in a usable form.
+    """
     value = shard.get("file_bytes", shard.get("bytes"))
     return value if _size_ok(value) else None
 

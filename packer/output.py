@@ -1,5 +1,6 @@
 """Where a build may write: OUT apart from SRC and the label files, ``--overwrite`` only onto a
-packer dataset, a usable parent directory, and one build of an OUT at a time."""
+packer dataset, a usable parent directory, and one build of an OUT at a time.
+"""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def _input_files(cfg: BuildConfig) -> list[tuple[str, str]]:
 
 def _check_inputs_outside(cfg: BuildConfig, build_dir: Path) -> None:
     """Refuse a label or class-map file inside OUT or the build directory: both are replaced
-    whole, so the file would be gone after the build."""
+    whole, so the file would be gone after the build.
+    """
     places = [(cfg.out, os.path.realpath(cfg.out)), (build_dir, os.path.realpath(build_dir))]
     for option, spec in _input_files(cfg):
         path = find_label_file(spec, cfg.src)

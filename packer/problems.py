@@ -63,7 +63,8 @@ class Note:
 
     def as_json(self, sample_id: int | None = None) -> dict[str, Any]:
         """The ``warnings.jsonl`` object: path, reason, message, ``packed: true`` and the
-        sample id when given."""
+        sample id when given.
+        """
         obj: dict[str, Any] = {"path": self.path, "reason": self.reason, "message": self.message}
         obj["packed"] = True
         if sample_id is not None:

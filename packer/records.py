@@ -1,5 +1,6 @@
 """The two values a build passes along: an :class:`Entry` (a file to pack and its label, from
-the label sources) and a :class:`Record` (its bytes ready for a shard writer, from encode)."""
+the label sources) and a :class:`Record` (its bytes ready for a shard writer, from encode).
+"""
 
 from __future__ import annotations
 

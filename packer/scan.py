@@ -192,7 +192,8 @@ def resolve_entry(src: Path, rel: str) -> tuple[SourceFile | None, Problem | Non
 
 def fold_name(rel: str) -> str:
     """`rel` as a case-insensitive, normalization-insensitive file system sees it (Unicode
-    canonical caseless matching: ``NFD(casefold(NFD(rel)))``)."""
+    canonical caseless matching: ``NFD(casefold(NFD(rel)))``).
+    """
     if rel.isascii():
         return rel.lower()
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", rel).casefold())

@@ -95,7 +95,8 @@ def run_shard(
 ) -> dict[str, Any]:
     """The whole task for one shard in one process: read, check and write its `entries`
     (``entries[shard.start:shard.stop]`` of the label plan), with the provisional first id
-    ``shard.start``.  Returns the shard's completion marker."""
+    ``shard.start``.  Returns the shard's completion marker.
+    """
     items = prepare_entries(entries, settings)
     return write_shard(tmp, shard, entries, items, settings, first_id=shard.start)
 

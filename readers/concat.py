@@ -156,7 +156,8 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
     @property
     def labels(self) -> np.ndarray | None:
         """Every sample's int label (remapped with ``classes="union"``), or None when some
-        source's labels are not all class ids."""
+        source's labels are not all class ids.
+        """
         parts = []
         for s, d in enumerate(self.datasets):
             lab = getattr(d, "labels", None)
@@ -204,7 +205,8 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
 @dataclass(frozen=True)
 class StreamSources:
     """What ShardStream reads: one dataset (``single``) or the concatenation of several, and
-    each source's decode mode (None: not packed) and transform."""
+    each source's decode mode (None: not packed) and transform.
+    """
 
     dataset: Any
     decodes: tuple[str | None, ...]
@@ -215,7 +217,8 @@ class StreamSources:
         self, decode: str | None, transform: Callable[[Any], Any] | None
     ) -> tuple[Any, str | None, Callable[[Any], Any] | None]:
         """``(dataset, decode, transform)``: of the one source, or the ones asked for (each of
-        several sources decodes with its own)."""
+        several sources decodes with its own).
+        """
         if self.single:
             return self.dataset, self.decodes[0], self.transforms[0]
         return self.dataset, decode, transform
@@ -242,7 +245,8 @@ def open_stream_sources(
 ) -> StreamSources:
     """What a stream reads from ``source``: one dataset, opened as
     ``readers.stream_reader.open_source`` opens it, or, for a list of sources or a
-    `ConcatDataset` (which keeps its ``classes`` mode), each of them so, concatenated."""
+    `ConcatDataset` (which keeps its ``classes`` mode), each of them so, concatenated.
+    """
     kw: dict[str, Any] = {"decode": decode, "transform": transform}
     kw |= {"cache_dir": cache_dir, "cache_limit": cache_limit}
     if not isinstance(source, list | tuple | ConcatDataset):

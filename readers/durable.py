@@ -33,7 +33,7 @@ def write_durably(path: str | os.PathLike[str], data: str | bytes | Iterable[str
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file or a directory by path."""
+    """Call fsync on a file or a directory, given by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -1,7 +1,8 @@
 """Open a dataset's files only when they are regular files: a FIFO, a device node, a socket or a
 directory in place of ``meta.json``, the index or a shard fails at once with a message (instead
 of blocking forever in ``open``), and `open_inside` follows no symbolic link on its way.  No
-paddle import."""
+paddle import.
+"""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def _open_fd(
     name: str | os.PathLike[str], *, shown: str | os.PathLike[str], follow: bool, dir_fd: int | None
 ) -> int:
     """Open a regular file read-only without blocking on a FIFO; stat first so that a device
-    node is never opened (opening one can have effects), fstat after to close the race."""
+    node is never opened (opening one can have effects), fstat after to close the race.
+    """
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow)
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(shown, describe_mode(st.st_mode))

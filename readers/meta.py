@@ -1,5 +1,6 @@
 """The ``meta.json`` schema of a packed dataset, defined once: its fields (`META_FIELDS`), the
-object a build writes (`make_meta`), and reading it back checked (`load_meta`, `shard_table`)."""
+object a build writes (`make_meta`), and reading it back checked (`load_meta`, `shard_table`).
+"""
 
 from __future__ import annotations
 

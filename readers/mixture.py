@@ -152,7 +152,8 @@ class Mixture:
 
     def mean_chunk_size(self) -> int:
         """The sources' chunk sizes averaged by their draws per epoch (at least 1): one number
-        for what reads ahead by chunks."""
+        for what reads ahead by chunks.
+        """
         counts = self.counts
         sizes = np.array([s.chunk_size for s in self.sources], dtype=np.int64)
         total = int(counts.sum())

@@ -49,7 +49,7 @@ class EpochStats:
 
     @property
     def idle_fraction(self) -> float:
-        """wait / (wait + step): the share of the loop the accelerator would sit idle."""
+        """Return the share of the loop the accelerator would sit idle: wait / (wait + step)."""
         busy = self.wait_s + self.step_s
         return self.wait_s / busy if busy > 0 else 0.0
 

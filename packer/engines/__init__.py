@@ -25,7 +25,8 @@ from packer.errors import PackerError
 
 class EngineError(PackerError):
     """A shard could not be written for a reason outside its inputs (its task died on every
-    retry, a node or the cluster was lost); the finished shards are kept for ``--resume``."""
+    retry, a node or the cluster was lost); the finished shards are kept for ``--resume``.
+    """
 
 
 def progress_bar(total: int, enabled: bool | None) -> Any:

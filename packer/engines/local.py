@@ -34,13 +34,15 @@ _IN_FLIGHT = 4  # batches queued per worker: enough to keep each busy, and memor
 
 def _warm() -> None:
     """In a new pool process: import what reading and writing images needs (OpenCV), while
-    the process that started the pool goes on scanning and planning."""
+    the process that started the pool goes on scanning and planning.
+    """
     import cv2  # noqa: F401
 
 
 def start_pool(workers: int) -> Any:
     """A pool of `workers` processes for `run_local`, started now (by fork where there is
-    fork: they share what this process imported) and warming up in the background."""
+    fork: they share what this process imported) and warming up in the background.
+    """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     return multiprocessing.get_context(method).Pool(workers, initializer=_warm)
 
@@ -65,7 +67,8 @@ def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
 
 def stop_pool(pool: Any) -> None:
     """Let the idle processes of `pool` exit on their own (no signal: a signal handler that
-    a library installed, paddle's, could hang a process it interrupts)."""
+    a library installed, paddle's, could hang a process it interrupts).
+    """
     pool.close()
     pool.join()
 
@@ -100,7 +103,8 @@ def run_local(job: BuildJob, *, started: float, pool: Any | None = None) -> None
 def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> None:
     """The shard task in this process, shard after shard, fed by `prepare_entries` (in a
     pool when there are workers and enough images); each shard is written with its final
-    first id (the counts of the shards before it)."""
+    first id (the counts of the shards before it).
+    """
     todo = [e for s in job.todo for e in job.entries_of(s)]
     settings = job.settings
     workers = job.cfg.workers
@@ -141,7 +145,8 @@ def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> N
 
 def _shards_in_pool(job: BuildJob, bar: Any, started: float, pool: Any | None) -> None:
     """One shard task per pool process; results are taken in plan order, so a bad input
-    with ``on_error="fail"`` is reported as the first one in entry order."""
+    with ``on_error="fail"`` is reported as the first one in entry order.
+    """
     todo = job.todo
     settings = job.settings
     jobs = ((settings, job.tmp, s, job.entries_of(s)) for s in todo)

@@ -45,7 +45,8 @@ _CANCEL_WAIT_S = 30.0
 @dataclass(frozen=True)
 class ShardJob:
     """What one task needs besides the `ShardSettings`: the shard and its entries (absolute
-    paths)."""
+    paths).
+    """
 
     tmp: str
     src: str

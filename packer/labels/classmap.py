@@ -1,5 +1,6 @@
 """``--class-map``: text labels (or lists of them) become class ids, from a file of names or
-``auto`` (the sorted names found)."""
+``auto`` (the sorted names found).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """What every label source shares: strict label values (int ids, JSON), the lines of a
-label file, and the :class:`Listed` / :class:`Parsed` records its parser makes."""
+label file, and the :class:`Listed` / :class:`Parsed` records its parser makes.
+"""
 
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ def entry_lines(
     is_entry: Callable[[str], bool] = has_entry,
 ) -> Iterator[tuple[int, str]]:
     """The entry lines of a label file, each counted in ``parsed.lines``; a line that is not
-    UTF-8 is counted too and reported in ``parsed.bad``; blank (and comment) lines are not."""
+    UTF-8 is counted too and reported in ``parsed.bad``; blank (and comment) lines are not.
+    """
     name = Path(path).name
     for number, line in lines:
         if line is None:

@@ -1,5 +1,6 @@
 """CSV manifests: a header row naming ``path`` and ``label`` columns; pyarrow for clean files,
-the csv module (line by line, each bad line reported) for the rest."""
+the csv module (line by line, each bad line reported) for the rest.
+"""
 
 from __future__ import annotations
 

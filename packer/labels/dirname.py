@@ -1,5 +1,6 @@
 """Class folders (``--labels dirname``): the first ``--label-depth`` folders of a path name its
-class."""
+class.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """List files: PaddleOCR (``path<TAB>label``, detection JSON) and PaddleClas (``path label``,
-``path<TAB>1,4,7`` multi-label)."""
+``path<TAB>1,4,7`` multi-label).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``--labels`` resolved into one :class:`LabelPlan`: the entries to pack and the per-entry
-problems, from a keyword source (dirname, sidecar, none, auto) or merged label files."""
+problems, from a keyword source (dirname, sidecar, none, auto) or merged label files.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from packer.scan import ScanResult, resolve_entry, scan_tree
 @dataclass
 class LabelPlan:
     """The files to pack with their labels, the problems found on the way, and where the
-    labels came from (``source``, ``classes``, ``class_map``: written to meta.json)."""
+    labels came from (``source``, ``classes``, ``class_map``: written to meta.json).
+    """
 
     entries: list[Entry]
     problems: list[Problem]

@@ -55,7 +55,8 @@ class ShardFormat:
 
     def find_bare(self, path: Path) -> Any | None:
         """What `path` names when it is a bare copy of this format (to pass to the dataset or
-        to ``packer verify``), else None. A packed dataset directory is never bare."""
+        to ``packer verify``), else None. A packed dataset directory is never bare.
+        """
         raise NotImplementedError
 
     def near_miss(self, path: Path) -> str | None:

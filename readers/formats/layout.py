@@ -40,6 +40,7 @@ def shard_name(number: int) -> str:
 
 def parse_shard_name(name: str) -> int | None:
     """The shard number of a file or directory name that `shard_name` begins (``shard-00012``,
-    ``shard-00012.rec``, ``shard-00012.done.json``: 12), or None for any other name."""
+    ``shard-00012.rec``, ``shard-00012.done.json``: 12), or None for any other name.
+    """
     found = _SHARD_NAME.match(name)
     return None if found is None else int(found.group(1))

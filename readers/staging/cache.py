@@ -75,7 +75,8 @@ class ShardSlot:
 
     def unstage(self, manifest: dict[str, Any] | None) -> None:
         """Point the shard's links back to the origin, then remove its copy and manifest
-        (the manifest first: a crash half-way leaves an incomplete, ignored copy)."""
+        (the manifest first: a crash half-way leaves an incomplete, ignored copy).
+        """
         origin = read_json(self.root / STAGING / "origin.json")
         self.manifest.unlink(missing_ok=True)
         for entry in (manifest or {}).get("entries", []):
@@ -130,7 +131,8 @@ def _reserved_bytes(slot: ShardSlot) -> int:
 
 def usage(cache: Path) -> int:
     """Bytes the cache holds or has reserved: staged shards, copies in progress and the small
-    files of every staged dataset."""
+    files of every staged dataset.
+    """
     total = 0
     for root in cache.iterdir():
         if root.is_dir() and TMP_MARK not in root.name and not root.name.startswith("."):
@@ -164,7 +166,8 @@ def evict_one(slot: ShardSlot) -> int:
 
 def dataset_lock(root: Path) -> Path:
     """The flock every process holds (shared) while it stages or uses the staged dataset
-    `root`; removing `root` takes it exclusively."""
+    `root`; removing `root` takes it exclusively.
+    """
     return root.parent / f".{root.name}.use"
 
 
@@ -177,7 +180,8 @@ def _dataset_last_use(root: Path) -> float:
 
 def evict_dataset(root: Path) -> int:
     """Remove the staged dataset `root` (its small files) when none of its shards is staged
-    and no process stages or uses it; return the bytes freed."""
+    and no process stages or uses it; return the bytes freed.
+    """
     if any((root / STAGING / "shards").glob("*.json")):
         return 0
     with locked(dataset_lock(root), wait=False) as unused:
@@ -192,7 +196,8 @@ def evict_dataset(root: Path) -> int:
 
 def compute_generation(meta_bytes: bytes) -> str:
     """The generation of a packed dataset: the SHA-256 of its ``meta.json`` bytes (a rebuild
-    writes another ``created``, plan digest and index digest, hence another generation)."""
+    writes another ``created``, plan digest and index digest, hence another generation).
+    """
     return hashlib.sha256(meta_bytes).hexdigest()
 
 
@@ -217,7 +222,8 @@ def evict_superseded(cache: Path, keep: Path, origin: str) -> list[str]:
 
 def _remove_unused(root: Path) -> bool:
     """Remove the staged dataset `root` whole, shards and all, unless it is in use. Its links
-    are not pointed back to the origin: the origin now holds another generation."""
+    are not pointed back to the origin: the origin now holds another generation.
+    """
     with contextlib.ExitStack() as stack:
         if not stack.enter_context(locked(dataset_lock(root), wait=False)):
             return False

@@ -1,6 +1,7 @@
 """File primitives of staging: flock-based locks, a checked copy (CRC while reading, fsync, re-read
 and compare; no link followed, permissions at most the origin's), atomic small-file writes and
-size parsing."""
+size parsing.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def parse_size(value: int | str | None) -> int | None:
 @contextlib.contextmanager
 def locked(path: Path, *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
     """Hold an flock on `path` (created if missing) for the block; yields False, holding
-    nothing, when `wait` is False and another process holds a conflicting lock."""
+    nothing, when `wait` is False and another process holds a conflicting lock.
+    """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
@@ -62,7 +64,8 @@ def locked(path: Path, *, shared: bool = False, wait: bool = True) -> Iterator[b
 
 def hold_shared(path: Path) -> int | None:
     """Take a shared flock on `path` and return its descriptor (kept open to keep the lock);
-    None when the file is gone."""
+    None when the file is gone.
+    """
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:

@@ -4,7 +4,8 @@ generations of the same origin are removed once nobody uses them.
 
 Only the files the dataset names are staged (``DATASET_FILES`` and the shard files of the shard
 table), each a regular file reached through no symbolic link: anything else planted in the
-origin is neither copied nor followed."""
+origin is neither copied nor followed.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def _stat(root: Path, rel: str) -> list[int]:
 
 def _dir_mode(path: Path) -> int:
     """The permissions of a directory made in the cache for the origin directory `path`: at
-    most the origin's (and the umask's), always usable by its owner."""
+    most the origin's (and the umask's), always usable by its owner.
+    """
     return (os.stat(path, follow_symlinks=False).st_mode & 0o777) | 0o700
 
 
@@ -170,7 +172,8 @@ class Stager:
 
     def _ensure_root(self) -> None:
         """Create the staged dataset directory (small files + links to the origin's shards)
-        once, atomically."""
+        once, atomically.
+        """
         if self.root.is_dir():
             return
         with locked(self.cache / f".{self.root.name}.lock"):
@@ -281,7 +284,8 @@ class Stager:
 
     def _intact(self, slot: ShardSlot, manifest: dict[str, Any]) -> bool:
         """A staged copy is used when its origin is unchanged (sizes and mtimes) and its files
-        have their recorded sizes (and, with `check`, their recorded CRC-32s)."""
+        have their recorded sizes (and, with `check`, their recorded CRC-32s).
+        """
         try:
             if manifest.get("entries") != self.entries[slot.name]:
                 return False
@@ -329,7 +333,8 @@ class Stager:
 
 def release(root: str | os.PathLike[str]) -> None:
     """Drop this process's use locks on the staged dataset `root` (its shards may then be
-    evicted by other processes)."""
+    evicted by other processes).
+    """
     for fd in _HELD.pop(Path(root), {}).values():
         with contextlib.suppress(OSError):
             os.close(fd)

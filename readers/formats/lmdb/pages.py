@@ -1,6 +1,7 @@
 """LMDB 0.9's page header, reading an overflow value straight from a mapping of ``data.mdb``
 at its index offset (checked against the page header first), and finding where each value of a
-freshly written shard lies in the file."""
+freshly written shard lies in the file.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def overflow_value(mapped: Any, offset: int, nbytes: int, page_size: int) -> mem
     """The `nbytes` at `offset` of a mapped ``data.mdb``, if an overflow value of that size
     starts there (its page header says so: a page of that number, flagged overflow, spanning
     the value); else None. Large values (above about half a page: every image but the
-    tiniest) live on overflow pages of their own, right after the page header."""
+    tiniest) live on overflow pages of their own, right after the page header.
+    """
     if offset % page_size != PAGE_HEADER.size or offset + nbytes > len(mapped):
         return None
     number, _, flags, pages = PAGE_HEADER.unpack_from(mapped, offset - PAGE_HEADER.size)

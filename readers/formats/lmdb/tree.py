@@ -249,7 +249,8 @@ class LookupGuard:
 
     def problem(self, key: bytes) -> str | None:
         """Why looking `key` up would touch bytes outside the file or its page layout, or None
-        when the lookup is safe (the key need not exist)."""
+        when the lookup is safe (the key need not exist).
+        """
         meta = self.meta
         page = meta.root
         if page == P_INVALID:
@@ -268,7 +269,8 @@ class LookupGuard:
 
     def _page(self, page: int, level: int) -> tuple[int, int, bool] | str:
         """``(file offset, node count, is a leaf)`` of a branch or leaf page whose layout fits,
-        else the problem."""
+        else the problem.
+        """
         psize = self.meta.page_size
         base = page * psize
         number, _, flags, lower, upper = struct.unpack_from("<QHHHH", self.buf, base)
@@ -310,7 +312,8 @@ class LookupGuard:
 
     def _child(self, base: int, count: int, key: bytes) -> int:
         """The child page of a branch page that may hold `key`: the last node whose key is not
-        above it (node 0's key counts as below every key)."""
+        above it (node 0's key counts as below every key).
+        """
         lo, hi = 1, count
         while lo < hi:
             mid = (lo + hi) // 2

@@ -1,5 +1,6 @@
 """Rewriting the sample ids of a finished RecordIO shard in place: each record's
-``IRHeader.id``, and its ``.idx`` written anew."""
+``IRHeader.id``, and its ``.idx`` written anew.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``.idx`` files (``key<TAB>offset`` lines, as MXNet writes them) and finding the ``.rec``
-/ ``.idx`` pair a path names."""
+/ ``.idx`` pair a path names.
+"""
 
 from __future__ import annotations
 

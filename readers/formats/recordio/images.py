@@ -1,6 +1,7 @@
 """MXNet image-record payloads: the ``IRHeader`` (``<IfQQ``: flag, label, id, id2), then
 ``flag`` float32 labels when ``flag > 0``, then the encoded image; and peeking at a record's
-header without copying its image."""
+header without copying its image.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ IR_HEADER = struct.Struct("<" + "".join(code for _, code in IR_FIELDS))
 
 def ir_field(name: str) -> tuple[int, struct.Struct]:
     """Where field `name` of the ``IRHeader`` lies in it, and its struct (e.g. ``id``: 8,
-    ``<Q``)."""
+    ``<Q``).
+    """
     codes = [code for field, code in IR_FIELDS]
     at = [field for field, _ in IR_FIELDS].index(name)
     return struct.calcsize("<" + "".join(codes[:at])), struct.Struct("<" + codes[at])
@@ -124,7 +126,8 @@ def header_label(label: Any) -> float | list[float] | None:
 
 def image_record_size(image_bytes: int, label: Any) -> int:
     """Bytes of the MXNet image-record payload of an image of `image_bytes` bytes whose index
-    label is `label` (see `header_label`)."""
+    label is `label` (see `header_label`).
+    """
     stored = header_label(label)
     extra = 4 * len(stored) if isinstance(stored, list) else 0
     return IR_HEADER.size + extra + image_bytes
@@ -132,14 +135,16 @@ def image_record_size(image_bytes: int, label: Any) -> int:
 
 def image_record_bound(image_bytes: int, label: Any) -> int:
     """An upper bound of `image_record_size`, found without converting the label: a list
-    label may add 4 bytes per item."""
+    label may add 4 bytes per item.
+    """
     extra = 4 * len(label) if isinstance(label, list) else 0
     return IR_HEADER.size + extra + image_bytes
 
 
 def pack_labelled_image(image: Buffer, label: Any, *, id: int) -> bytes:
     """The MXNet image-record payload of `image` whose index label is `label`: the header
-    label is computed once, here (see `header_label`)."""
+    label is computed once, here (see `header_label`).
+    """
     return pack_image_record(image, label=header_label(label), id=id)
 
 
@@ -204,7 +209,8 @@ def header_at(buf: Buffer, offset: int) -> tuple[IRHeader, Any, int]:
 
 def cut_short(buf: Buffer, offset: int) -> str | None:
     """How the one-part record at `offset` runs past the end of `buf`, or None when it does
-    not (a record that is damaged in another way is left to the read that meets it)."""
+    not (a record that is damaged in another way is left to the read that meets it).
+    """
     size = len(buf)
     if offset + _REC_HEAD.size > size:
         return f"needs {_REC_HEAD.size} header bytes but the file ends at byte {size}"

@@ -52,7 +52,8 @@ class RecordIOError(ValueError):
 
 class RecordIOFormatError(RecordIOError):
     """Bytes that are not valid RecordIO: the message names the offset, what was found and
-    what was expected."""
+    what was expected.
+    """
 
 
 class RecordTooLargeError(RecordIOError):
