@@ -1,5 +1,7 @@
-"""Files that survive a crash once written: `write_durably` (write, flush, fsync) and
-`fsync_path` (a file or a directory, by path, so that a rename or a new entry in it lasts).
+"""Files that survive a crash once written: `write_durably` and `fsync_path`.
+
+`write_durably` writes, flushes and fsyncs; `fsync_path` fsyncs a file or a directory, by path,
+so that a rename or a new entry in it lasts.
 
 The build (``meta.json``, ``errors.jsonl``, the plan, shard side files) writes through these;
 a writer that streams into a file it keeps open (a shard, ``index.jsonl``) fsyncs its own

@@ -14,8 +14,10 @@ __all__ = ["SizedDataset", "dataset_bounds", "select_ids"]
 
 
 class SizedDataset(Protocol):
-    """What the samplers need from a dataset; ``shard_bounds``, ``labels`` and ``prefetch``
-    are optional attributes, looked up with ``getattr``.
+    """What the samplers need from a dataset.
+
+    ``shard_bounds``, ``labels`` and ``prefetch`` are optional attributes, looked up with
+    ``getattr``.
     """
 
     def __len__(self) -> int: ...

@@ -62,10 +62,12 @@ class EpochStats:
 
     @property
     def mean_step_s(self) -> float:
+        """Mean step time per batch (0.0 before the first batch)."""
         return self.step_s / self.batches if self.batches else 0.0
 
     @property
     def samples_per_s(self) -> float | None:
+        """Samples read per second of wall time, or None when unknown."""
         if self.samples is None or self.wall_s <= 0:
             return None
         return self.samples / self.wall_s
