@@ -57,6 +57,8 @@ from readers.meta import make_meta
 
 @dataclass
 class BuildSummary:
+    """What a build did: images packed and skipped (by reason), bytes, shards and time."""
+
     out: Path
     packed: int = 0
     skipped: int = 0
@@ -68,9 +70,11 @@ class BuildSummary:
 
     @property
     def images_per_second(self) -> float:
+        """Return the packing rate: images packed per second (0.0 when no time passed)."""
         return self.packed / self.seconds if self.seconds > 0 else 0.0
 
     def line(self) -> str:
+        """Return the one-line summary that ``packer build`` prints when it ends."""
         if self.already_complete:
             return (
                 f"{self.out} is already complete ({self.packed} images in {self.shards} "
@@ -126,9 +130,11 @@ def _output_options(cfg: BuildConfig) -> dict[str, Any]:
 def run_engine(
     job: BuildJob, *, say: Callable[[str], None], started: float, pool: Any | None = None
 ) -> None:
-    """Have ``job.cfg.engine`` write the planned shards of `job` that are not finished
-    (`packer.engines`); `pool`: the local engine's process pool, when `_early_pool` started
-    it."""
+    """Have ``job.cfg.engine`` write the planned shards of `job` that are not finished.
+
+    The engines are in `packer.engines`; `pool` is the local engine's process pool, when
+    `_early_pool` started it.
+    """
     if job.cfg.engine == "ray":
         from packer.engines.ray import run_ray  # ray is imported only here
 
@@ -205,8 +211,11 @@ def _prepare_build_dir(
 
 @contextlib.contextmanager
 def _early_pool(cfg: BuildConfig) -> Iterator[Any | None]:
-    """The local engine's process pool, started before the scan: its processes import OpenCV
-    on the other cores while this one scans and plans (this one never decodes then)."""
+    """Start the local engine's process pool before the scan.
+
+    Its processes import OpenCV on the other cores while this one scans and plans (this one
+    never decodes then).
+    """
     if cfg.engine != "local" or cfg.workers <= 1:
         yield None
         return

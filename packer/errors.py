@@ -12,6 +12,8 @@ class ConfigError(PackerError):
 
 
 class OutputExistsError(PackerError):
+    """OUT already exists and ``--overwrite`` was not given."""
+
     def __init__(self, out: str) -> None:
         super().__init__(
             f"{out} already exists; pass --overwrite to replace it, or choose another OUT"
@@ -72,8 +74,10 @@ class NotADatasetError(PackerError):
 
 
 class OutputParentError(PackerError):
-    """OUT's parent directory is missing and cannot be made, is not a directory, or is not
-    writable."""
+    """OUT's parent directory is unusable.
+
+    It is missing and cannot be made, is not a directory, or is not writable.
+    """
 
     def __init__(self, out: str, problem: str) -> None:
         super().__init__(

@@ -1,6 +1,8 @@
-"""One build job as a value: the config, the plan (entries and shards), the build directory
-and the shards already finished there; and `ShardSettings`, the part of the config that the
-task of one shard needs (what an engine sends to a pool process or a Ray task)."""
+"""One build job as a value, and `ShardSettings`, the part of its config one shard's task needs.
+
+The job holds the config, the plan (entries and shards), the build directory and the shards
+already finished there. `ShardSettings` is what an engine sends to a pool process or a Ray task.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The meta.json fields that `readers.meta.load_meta` lets through unchecked (shard sizes,
-class names), read defensively for ``packer info`` and checked for ``packer verify``."""
+"""The meta.json fields that `readers.meta.load_meta` lets through unchecked.
+
+These (shard sizes, class names) are read defensively for ``packer info`` and checked for
+``packer verify``.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ def _size_ok(value: Any) -> bool:
 
 
 def shard_disk_bytes(shard: dict[str, Any]) -> int | None:
-    """A shard's size on disk (``file_bytes``, else ``bytes``), or None when meta.json does
-    not say it in a usable form."""
+    """Return a shard's size on disk (``file_bytes``, else ``bytes``).
+
+    None when meta.json does not say it in a usable form.
+    """
     value = shard.get("file_bytes", shard.get("bytes"))
     return value if _size_ok(value) else None
 
@@ -31,8 +36,10 @@ def class_names(meta: dict[str, Any]) -> list[str] | None:
 
 
 def meta_problems(meta: dict[str, Any]) -> list[str]:
-    """What is wrong with the shard sizes and class names of a meta.json that `load_meta`
-    accepted, one message per field (the caller names the file).
+    """Say what is wrong with the shard sizes and class names of a meta.json.
+
+    The meta.json is one that `load_meta` accepted; one message per field (the caller names
+    the file).
 
     Args:
         meta: as returned by `readers.meta.load_meta` (``shards`` a list of objects).

@@ -1,5 +1,8 @@
-"""Where a build may write: OUT apart from SRC and the label files, ``--overwrite`` only onto a
-packer dataset, a usable parent directory, and one build of an OUT at a time."""
+"""Where a build may write.
+
+OUT apart from SRC and the label files, ``--overwrite`` only onto a packer dataset, a usable
+parent directory, and one build of an OUT at a time.
+"""
 
 from __future__ import annotations
 
@@ -78,8 +81,10 @@ def _input_files(cfg: BuildConfig) -> list[tuple[str, str]]:
 
 
 def _check_inputs_outside(cfg: BuildConfig, build_dir: Path) -> None:
-    """Refuse a label or class-map file inside OUT or the build directory: both are replaced
-    whole, so the file would be gone after the build."""
+    """Refuse a label or class-map file inside OUT or the build directory.
+
+    Both are replaced whole, so the file would be gone after the build.
+    """
     places = [(cfg.out, os.path.realpath(cfg.out)), (build_dir, os.path.realpath(build_dir))]
     for option, spec in _input_files(cfg):
         path = find_label_file(spec, cfg.src)
@@ -118,8 +123,10 @@ def _meta_problem(out: Path) -> str | None:
 
 
 def check_replaceable(out: Path) -> None:
-    """Refuse to let ``--overwrite`` replace `out` unless it is a packer dataset (a directory
-    with packer's ``meta.json``) or an empty directory; a missing `out` is fine.
+    """Refuse to let ``--overwrite`` replace `out` unless it is a packer dataset.
+
+    A packer dataset is a directory with packer's ``meta.json``; an empty directory is
+    accepted too, and a missing `out` is fine.
 
     A symbolic link is refused, whatever it points to: replacing the link would leave the old
     dataset where it points, and replacing the target is better asked for by naming it.
@@ -237,8 +244,10 @@ def _acquire(out: Path, path: Path) -> int:
 
 @contextlib.contextmanager
 def build_lock(out: Path) -> Iterator[None]:
-    """Hold the lock of `out` for the duration: a second build of the same OUT fails at once
-    instead of mixing its shards into the first one's build directory.
+    """Hold the lock of `out` for the duration.
+
+    A second build of the same OUT fails at once instead of mixing its shards into the first
+    one's build directory.
 
     The lock file is the hidden sibling ``.OUT.lock`` (never inside the published OUT); it
     records the holder's pid and is removed, still locked, on exit.

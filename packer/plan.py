@@ -115,8 +115,10 @@ def _some(paths: set[str]) -> str:
 def complete_differences(
     out: Path, meta: dict[str, Any], digest: str, options: dict[str, Any], entries: list[Entry]
 ) -> list[str]:
-    """How a finished dataset `out` (its meta.json: `meta`) differs from the build planned
-    now (plan `digest`, output `options`, label-plan `entries`); empty when it is the same.
+    """Say how a finished dataset `out` differs from the build planned now.
+
+    `meta` is its meta.json; the build is given by the plan `digest`, output `options` and
+    label-plan `entries`. Empty when it is the same.
 
     Each difference is a phrase a user can act on: the option, its value in OUT and now;
     or which source files were added or removed; or that sources changed in size or label.

@@ -50,6 +50,7 @@ class Problem:
     message: str
 
     def as_json(self) -> dict[str, str]:
+        """Return the problem as a JSON object: path, reason and message."""
         return {"path": self.path, "reason": self.reason, "message": self.message}
 
 
@@ -62,8 +63,10 @@ class Note:
     message: str
 
     def as_json(self, sample_id: int | None = None) -> dict[str, Any]:
-        """The ``warnings.jsonl`` object: path, reason, message, ``packed: true`` and the
-        sample id when given."""
+        """Return the ``warnings.jsonl`` object of this warning.
+
+        It holds path, reason, message, ``packed: true`` and the sample id when given.
+        """
         obj: dict[str, Any] = {"path": self.path, "reason": self.reason, "message": self.message}
         obj["packed"] = True
         if sample_id is not None:

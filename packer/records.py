@@ -1,5 +1,8 @@
-"""The two values a build passes along: an :class:`Entry` (a file to pack and its label, from
-the label sources) and a :class:`Record` (its bytes ready for a shard writer, from encode)."""
+"""The two values a build passes along: an :class:`Entry` and a :class:`Record`.
+
+An entry is a file to pack and its label (from the label sources); a record is its bytes ready
+for a shard writer (from encode).
+"""
 
 from __future__ import annotations
 

@@ -45,11 +45,14 @@ class SourceFile:
 
     @property
     def has_image_extension(self) -> bool:
+        """Return whether the file's extension is an image extension (any case)."""
         return os.path.splitext(self.rel)[1].lower() in IMAGE_EXTENSIONS
 
 
 @dataclass
 class ScanResult:
+    """What a scan of SRC found: its files, its problems and its top-level directories."""
+
     files: list[SourceFile] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     top_dirs: list[str] = field(default_factory=list)  # non-hidden directories right under SRC
@@ -191,8 +194,10 @@ def resolve_entry(src: Path, rel: str) -> tuple[SourceFile | None, Problem | Non
 
 
 def fold_name(rel: str) -> str:
-    """`rel` as a case-insensitive, normalization-insensitive file system sees it (Unicode
-    canonical caseless matching: ``NFD(casefold(NFD(rel)))``)."""
+    """Return `rel` as a case-insensitive, normalization-insensitive file system sees it.
+
+    This is Unicode canonical caseless matching: ``NFD(casefold(NFD(rel)))``.
+    """
     if rel.isascii():
         return rel.lower()
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", rel).casefold())

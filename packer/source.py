@@ -45,8 +45,10 @@ def is_within(root: str, real: str) -> bool:
 
 
 def _opened_path(fd: int, path: str) -> str:
-    """Where the open `fd` leads: the kernel's name for it, or (without ``/proc``) where
-    `path` leads now."""
+    """Return where the open `fd` leads.
+
+    That is the kernel's name for it, or (without ``/proc``) where `path` leads now.
+    """
     try:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:  # pragma: no cover - not Linux

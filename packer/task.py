@@ -93,9 +93,11 @@ def write_shard(
 def run_shard(
     settings: ShardSettings, tmp: Path, shard: ShardPlan, entries: list[Entry]
 ) -> dict[str, Any]:
-    """The whole task for one shard in one process: read, check and write its `entries`
-    (``entries[shard.start:shard.stop]`` of the label plan), with the provisional first id
-    ``shard.start``.  Returns the shard's completion marker."""
+    """Run the whole task for one shard in one process: read, check and write its `entries`.
+
+    The entries are ``entries[shard.start:shard.stop]`` of the label plan, written with the
+    provisional first id ``shard.start``. Returns the shard's completion marker.
+    """
     items = prepare_entries(entries, settings)
     return write_shard(tmp, shard, entries, items, settings, first_id=shard.start)
 

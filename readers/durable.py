@@ -1,5 +1,7 @@
-"""Files that survive a crash once written: `write_durably` (write, flush, fsync) and
-`fsync_path` (a file or a directory, by path, so that a rename or a new entry in it lasts).
+"""Files that survive a crash once written: `write_durably` and `fsync_path`.
+
+`write_durably` writes, flushes and fsyncs; `fsync_path` fsyncs a file or a directory, by path,
+so that a rename or a new entry in it lasts.
 
 The build (``meta.json``, ``errors.jsonl``, the plan, shard side files) writes through these;
 a writer that streams into a file it keeps open (a shard, ``index.jsonl``) fsyncs its own
@@ -33,7 +35,7 @@ def write_durably(path: str | os.PathLike[str], data: str | bytes | Iterable[str
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file or a directory by path."""
+    """Call fsync on a file or a directory, given by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -16,9 +16,11 @@ class RecordError(ReaderError):
 
 
 class DatasetRebuiltError(ReaderError):
-    """A shard is not of the build a reader opened: the dataset was rebuilt (or appended to)
-    since. Never skipped by ``on_error="skip"``: every later read would be of the new build.
-    (One message argument, so that paddle can re-raise it from a DataLoader worker.)"""
+    """A shard is not of the build a reader opened: the dataset was rebuilt (or appended to).
+
+    Never skipped by ``on_error="skip"``: every later read would be of the new build. It takes
+    one message argument, so that paddle can re-raise it from a DataLoader worker.
+    """
 
     @classmethod
     def of(cls, root: str, what: str) -> DatasetRebuiltError:

@@ -1,7 +1,9 @@
-"""Open a dataset's files only when they are regular files: a FIFO, a device node, a socket or a
-directory in place of ``meta.json``, the index or a shard fails at once with a message (instead
-of blocking forever in ``open``), and `open_inside` follows no symbolic link on its way.  No
-paddle import."""
+"""Open a dataset's files only when they are regular files.
+
+A FIFO, a device node, a socket or a directory in place of ``meta.json``, the index or a shard
+fails at once with a message (instead of blocking forever in ``open``), and `open_inside`
+follows no symbolic link on its way. No paddle import.
+"""
 
 from __future__ import annotations
 
@@ -79,8 +81,10 @@ def check_regular(path: str | os.PathLike[str], *, follow: bool = True) -> os.st
 
 
 def check_shard_files(root: Path, fmt: ShardFormat, names: Iterable[str]) -> None:
-    """Check that every file of the shards `names` that exists is a regular file (links
-    followed: a staged dataset links its shards), before any of them is opened.
+    """Check that every file of the shards `names` that exists is a regular file.
+
+    Links are followed (a staged dataset links its shards); this runs before any of them is
+    opened.
 
     Raises:
         NotRegularFileError: naming the first that is a FIFO, a device, a directory...
@@ -94,8 +98,11 @@ def check_shard_files(root: Path, fmt: ShardFormat, names: Iterable[str]) -> Non
 def _open_fd(
     name: str | os.PathLike[str], *, shown: str | os.PathLike[str], follow: bool, dir_fd: int | None
 ) -> int:
-    """Open a regular file read-only without blocking on a FIFO; stat first so that a device
-    node is never opened (opening one can have effects), fstat after to close the race."""
+    """Open a regular file read-only without blocking on a FIFO.
+
+    It stats first so that a device node is never opened (opening one can have effects), and
+    fstats after to close the race.
+    """
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow)
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(shown, describe_mode(st.st_mode))

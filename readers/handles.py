@@ -1,5 +1,8 @@
-"""The old import path of :mod:`readers.io.handles`, kept for format code and users' scripts
-(``handles.close_all()``); new code imports ``readers.io.handles``."""
+"""The old import path of :mod:`readers.io.handles`.
+
+It is kept for format code and users' scripts (``handles.close_all()``); new code imports
+``readers.io.handles``.
+"""
 
 from __future__ import annotations
 

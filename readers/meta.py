@@ -1,5 +1,8 @@
-"""The ``meta.json`` schema of a packed dataset, defined once: its fields (`META_FIELDS`), the
-object a build writes (`make_meta`), and reading it back checked (`load_meta`, `shard_table`)."""
+"""The ``meta.json`` schema of a packed dataset, defined once.
+
+It holds the fields (`META_FIELDS`), the object a build writes (`make_meta`), and reading it
+back checked (`load_meta`, `shard_table`).
+"""
 
 from __future__ import annotations
 
@@ -97,6 +100,7 @@ def make_meta(
 
 
 def is_int(value: Any) -> TypeGuard[int]:
+    """Return whether `value` is an int (a bool is not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -170,6 +174,12 @@ def load_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def shard_table(meta: dict[str, Any], where: Path) -> tuple[np.ndarray, list[str]]:
+    """Return the shards' id bounds (int64, one more than shards) and names from `meta`.
+
+    Raises:
+        DatasetFormatError: the shards do not cover the ids in order without gaps, or do not
+            add up to ``num_samples`` (`where` names the dataset in the message).
+    """
     bounds = [0]
     names = []
     for n, shard in enumerate(meta["shards"]):

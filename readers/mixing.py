@@ -315,8 +315,10 @@ def batch_order(
     epoch: int,
     shuffle: bool = True,
 ) -> IntArray:
-    """The global order of one epoch with mix="batch": ``num_batches`` batches, each holding
-    ``composition[i]`` samples of source ``i`` (see the module docstring).
+    """Return the global order of one epoch with mix="batch".
+
+    It is ``num_batches`` batches, each holding ``composition[i]`` samples of source ``i``
+    (see the module docstring).
 
     Returns:
         ``num_batches * sum(composition)`` global ids; batch ``k`` is positions

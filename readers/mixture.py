@@ -1,5 +1,6 @@
-"""The weighted mixture of a ConcatDataset's sources: its parameters, checked, and the orders
-of its epochs (a value object around the pure functions of :mod:`readers.mixing`; no paddle).
+"""The weighted mixture of a ConcatDataset's sources: its checked parameters and epoch orders.
+
+It is a value object around the pure functions of :mod:`readers.mixing`; no paddle.
 """
 
 from __future__ import annotations
@@ -151,8 +152,10 @@ class Mixture:
         return (stop - start) * unit
 
     def mean_chunk_size(self) -> int:
-        """The sources' chunk sizes averaged by their draws per epoch (at least 1): one number
-        for what reads ahead by chunks."""
+        """Return the sources' chunk sizes averaged by their draws per epoch (at least 1).
+
+        It is one number for what reads ahead by chunks.
+        """
         counts = self.counts
         sizes = np.array([s.chunk_size for s in self.sources], dtype=np.int64)
         total = int(counts.sum())

@@ -22,8 +22,11 @@ __all__ = [
 
 
 class SizedDataset(Protocol):
-    """What the samplers need from a dataset; ``shard_bounds``, ``labels`` and ``prefetch``
-    are optional attributes, looked up with ``getattr``."""
+    """What the samplers need from a dataset.
+
+    ``shard_bounds``, ``labels`` and ``prefetch`` are optional attributes, looked up with
+    ``getattr``.
+    """
 
     def __len__(self) -> int: ...
 

@@ -49,7 +49,7 @@ class EpochStats:
 
     @property
     def idle_fraction(self) -> float:
-        """wait / (wait + step): the share of the loop the accelerator would sit idle."""
+        """Return the share of the loop the accelerator would sit idle: wait / (wait + step)."""
         busy = self.wait_s + self.step_s
         return self.wait_s / busy if busy > 0 else 0.0
 
@@ -62,10 +62,12 @@ class EpochStats:
 
     @property
     def mean_step_s(self) -> float:
+        """Mean step time per batch (0.0 before the first batch)."""
         return self.step_s / self.batches if self.batches else 0.0
 
     @property
     def samples_per_s(self) -> float | None:
+        """Samples read per second of wall time, or None when unknown."""
         if self.samples is None or self.wall_s <= 0:
             return None
         return self.samples / self.wall_s

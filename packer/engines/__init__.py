@@ -24,8 +24,11 @@ from packer.errors import PackerError
 
 
 class EngineError(PackerError):
-    """A shard could not be written for a reason outside its inputs (its task died on every
-    retry, a node or the cluster was lost); the finished shards are kept for ``--resume``."""
+    """A shard could not be written for a reason outside its inputs.
+
+    For example its task died on every retry, or a node or the cluster was lost; the finished
+    shards are kept for ``--resume``.
+    """
 
 
 def progress_bar(total: int, enabled: bool | None) -> Any:

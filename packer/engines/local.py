@@ -33,14 +33,19 @@ _IN_FLIGHT = 4  # batches queued per worker: enough to keep each busy, and memor
 
 
 def _warm() -> None:
-    """In a new pool process: import what reading and writing images needs (OpenCV), while
-    the process that started the pool goes on scanning and planning."""
+    """In a new pool process, import what reading and writing images needs (OpenCV).
+
+    This runs while the process that started the pool goes on scanning and planning.
+    """
     import cv2  # noqa: F401
 
 
 def start_pool(workers: int) -> Any:
-    """A pool of `workers` processes for `run_local`, started now (by fork where there is
-    fork: they share what this process imported) and warming up in the background."""
+    """Start a pool of `workers` processes for `run_local`, warming up in the background.
+
+    The pool is started now, by fork where there is fork (its processes share what this
+    process imported).
+    """
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     return multiprocessing.get_context(method).Pool(workers, initializer=_warm)
 
@@ -64,8 +69,11 @@ def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
 
 
 def stop_pool(pool: Any) -> None:
-    """Let the idle processes of `pool` exit on their own (no signal: a signal handler that
-    a library installed, paddle's, could hang a process it interrupts)."""
+    """Let the idle processes of `pool` exit on their own.
+
+    No signal is sent: a signal handler that a library installed (paddle's) could hang a
+    process it interrupts.
+    """
     pool.close()
     pool.join()
 
@@ -81,8 +89,10 @@ def _shard_job(
 
 
 def run_local(job: BuildJob, *, started: float, pool: Any | None = None) -> None:
-    """Write the planned shards of `job` that are not finished; `pool`: the `start_pool` of
-    ``job.cfg.workers`` processes to use (None: one is started if needed).
+    """Write the planned shards of `job` that are not finished.
+
+    `pool` is the `start_pool` of ``job.cfg.workers`` processes to use (None: one is started
+    if needed).
 
     Raises:
         InputError: a bad input with ``on_error="fail"`` (the first in entry order).
@@ -98,9 +108,11 @@ def run_local(job: BuildJob, *, started: float, pool: Any | None = None) -> None
 
 
 def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> None:
-    """The shard task in this process, shard after shard, fed by `prepare_entries` (in a
-    pool when there are workers and enough images); each shard is written with its final
-    first id (the counts of the shards before it)."""
+    """Run the shard task in this process, shard after shard, fed by `prepare_entries`.
+
+    `prepare_entries` runs in a pool when there are workers and enough images; each shard is
+    written with its final first id (the counts of the shards before it).
+    """
     todo = [e for s in job.todo for e in job.entries_of(s)]
     settings = job.settings
     workers = job.cfg.workers
@@ -140,8 +152,11 @@ def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> N
 
 
 def _shards_in_pool(job: BuildJob, bar: Any, started: float, pool: Any | None) -> None:
-    """One shard task per pool process; results are taken in plan order, so a bad input
-    with ``on_error="fail"`` is reported as the first one in entry order."""
+    """Run one shard task per pool process.
+
+    Results are taken in plan order, so a bad input with ``on_error="fail"`` is reported as
+    the first one in entry order.
+    """
     todo = job.todo
     settings = job.settings
     jobs = ((settings, job.tmp, s, job.entries_of(s)) for s in todo)

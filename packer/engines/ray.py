@@ -44,8 +44,10 @@ _CANCEL_WAIT_S = 30.0
 
 @dataclass(frozen=True)
 class ShardJob:
-    """What one task needs besides the `ShardSettings`: the shard and its entries (absolute
-    paths)."""
+    """What one task needs besides the `ShardSettings`.
+
+    That is the shard and its entries (with absolute paths).
+    """
 
     tmp: str
     src: str

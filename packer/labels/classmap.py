@@ -1,5 +1,7 @@
-"""``--class-map``: text labels (or lists of them) become class ids, from a file of names or
-``auto`` (the sorted names found)."""
+"""``--class-map``: text labels (or lists of them) become class ids.
+
+The ids come from a file of names or from ``auto`` (the sorted names found).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class ClassMap:
     how: str
 
     def ids(self) -> dict[str, int]:
+        """Return the class id of each name."""
         return {name: i for i, name in enumerate(self.names)}
 
 
@@ -120,6 +123,10 @@ def map_label(label: Any, ids: dict[str, int]) -> tuple[Any, str | None]:
 def apply_class_map(
     items: list[tuple[Entry, str]], cmap: ClassMap, found: list[Problem]
 ) -> list[Entry]:
+    """Return `items`' entries with their text labels mapped to class ids by `cmap`.
+
+    An entry whose label names no class of `cmap` is dropped and reported in `found`.
+    """
     ids = cmap.ids()
     entries: list[Entry] = []
     for entry, where in items:

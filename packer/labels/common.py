@@ -1,5 +1,8 @@
-"""What every label source shares: strict label values (int ids, JSON), the lines of a
-label file, and the :class:`Listed` / :class:`Parsed` records its parser makes."""
+"""What every label source shares.
+
+That is strict label values (int ids, JSON), the lines of a label file, and the
+:class:`Listed` / :class:`Parsed` records its parser makes.
+"""
 
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ def loads_label(text: str) -> Any:
 
 
 def shorten(value: Any, limit: int = 60) -> str:
+    """Return `value` (JSON unless a string) quoted, cut to `limit` characters plus "..."."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
@@ -99,11 +103,12 @@ class Parsed:
 
 
 def bad_line(name: str, path: Path | str, number: int, message: str) -> Problem:
+    """Return the problem for line `number` of the label file `path` (shown as `name`)."""
     return Problem(f"{name}:{number}", P.BAD_LINE, f"{path}:{number}: {message}")
 
 
 def numbered_lines(data: Iterable[bytes]) -> Iterator[tuple[int, str | None]]:
-    """Lines split on ``\\n`` only (``\\r\\n`` too), decoded; None for a line that is not UTF-8.
+    r"""Lines split on ``\n`` only (``\\r\\n`` too), decoded; None for a line that is not UTF-8.
 
     ``str.splitlines`` would also split on U+2028, form feeds and the like inside a label.
     """
@@ -120,6 +125,7 @@ def numbered_lines(data: Iterable[bytes]) -> Iterator[tuple[int, str | None]]:
 
 
 def has_entry(line: str) -> bool:
+    """Return whether `line` holds an entry (is neither blank nor a ``#`` comment)."""
     stripped = line.strip()
     return bool(stripped) and not stripped.startswith("#")
 
@@ -131,8 +137,11 @@ def entry_lines(
     *,
     is_entry: Callable[[str], bool] = has_entry,
 ) -> Iterator[tuple[int, str]]:
-    """The entry lines of a label file, each counted in ``parsed.lines``; a line that is not
-    UTF-8 is counted too and reported in ``parsed.bad``; blank (and comment) lines are not."""
+    """Yield the entry lines of a label file, each counted in ``parsed.lines``.
+
+    A line that is not UTF-8 is counted too and reported in ``parsed.bad``; blank (and
+    comment) lines are not.
+    """
     name = Path(path).name
     for number, line in lines:
         if line is None:

@@ -1,5 +1,8 @@
-"""CSV manifests: a header row naming ``path`` and ``label`` columns; pyarrow for clean files,
-the csv module (line by line, each bad line reported) for the rest."""
+"""CSV manifests: a header row naming ``path`` and ``label`` columns.
+
+Clean files are read with pyarrow, the rest with the csv module (line by line, each bad line
+reported).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Class folders (``--labels dirname``): the first ``--label-depth`` folders of a path name its
-class."""
+"""Class folders (``--labels dirname``).
+
+The first ``--label-depth`` folders of a path name its class.
+"""
 
 from __future__ import annotations
 

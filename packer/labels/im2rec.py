@@ -26,6 +26,7 @@ def _number(text: str) -> int | float | None:
 
 
 def lst_fields(line: str) -> tuple[list[int | float], str] | None:
+    """Return the labels and path of a ``.lst`` line, or None when it is not one."""
     fields = line.split("\t")
     if len(fields) < 3 or int_or_none(fields[0].strip()) is None:
         return None

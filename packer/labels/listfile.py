@@ -1,5 +1,8 @@
-"""List files: PaddleOCR (``path<TAB>label``, detection JSON) and PaddleClas (``path label``,
-``path<TAB>1,4,7`` multi-label)."""
+"""List files: PaddleOCR and PaddleClas.
+
+PaddleOCR's are ``path<TAB>label`` (or detection JSON); PaddleClas's are ``path label`` or
+``path<TAB>1,4,7`` (multi-label).
+"""
 
 from __future__ import annotations
 

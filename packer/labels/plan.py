@@ -1,5 +1,8 @@
-"""``--labels`` resolved into one :class:`LabelPlan`: the entries to pack and the per-entry
-problems, from a keyword source (dirname, sidecar, none, auto) or merged label files."""
+"""``--labels`` resolved into one :class:`LabelPlan`.
+
+The plan holds the entries to pack and the per-entry problems, from a keyword source (dirname,
+sidecar, none, auto) or merged label files.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from packer.scan import ScanResult, resolve_entry, scan_tree
 
 @dataclass
 class LabelPlan:
-    """The files to pack with their labels, the problems found on the way, and where the
-    labels came from (``source``, ``classes``, ``class_map``: written to meta.json)."""
+    """The files to pack with their labels, the problems found, and where the labels came from.
+
+    Where they came from (``source``, ``classes``, ``class_map``) is written to meta.json.
+    """
 
     entries: list[Entry]
     problems: list[Problem]
@@ -77,9 +82,10 @@ def _resolve_listed(
 
 
 def from_label_files(src: Path, specs: Sequence[str], *, class_map: str | None = None) -> LabelPlan:
-    """List files and manifests, merged; the lists *are* the dataset (unlisted files are not
-    packed).  Paths are relative to SRC; an entry listed twice (in one file or two) is packed
-    once, as first listed, and the repeat reported.
+    """List files and manifests, merged; the lists *are* the dataset.
+
+    Unlisted files are not packed. Paths are relative to SRC; an entry listed twice (in one
+    file or two) is packed once, as first listed, and the repeat reported.
     """
     names = class_map is not None
     files = [(p, read_label_file(p, names=names)) for p in (find_label_file(s, src) for s in specs)]

@@ -1,5 +1,7 @@
-"""Sidecar labels (``--labels sidecar``): ``a.jpg`` labelled by the ``a.json`` or ``a.txt``
-beside it."""
+"""Sidecar labels (``--labels sidecar``).
+
+``a.jpg`` is labelled by the ``a.json`` or ``a.txt`` beside it.
+"""
 
 from __future__ import annotations
 

@@ -54,8 +54,11 @@ class ShardFormat:
         raise NotImplementedError
 
     def find_bare(self, path: Path) -> Any | None:
-        """What `path` names when it is a bare copy of this format (to pass to the dataset or
-        to ``packer verify``), else None. A packed dataset directory is never bare."""
+        """Return what `path` names when it is a bare copy of this format, else None.
+
+        The result is what to pass to the dataset or to ``packer verify``. A packed dataset
+        directory is never bare.
+        """
         raise NotImplementedError
 
     def near_miss(self, path: Path) -> str | None:

@@ -39,7 +39,10 @@ def shard_name(number: int) -> str:
 
 
 def parse_shard_name(name: str) -> int | None:
-    """The shard number of a file or directory name that `shard_name` begins (``shard-00012``,
-    ``shard-00012.rec``, ``shard-00012.done.json``: 12), or None for any other name."""
+    """Return the shard number of a file or directory name that `shard_name` begins.
+
+    For ``shard-00012``, ``shard-00012.rec`` or ``shard-00012.done.json`` it is 12; None for
+    any other name.
+    """
     found = _SHARD_NAME.match(name)
     return None if found is None else int(found.group(1))

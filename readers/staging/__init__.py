@@ -1,7 +1,8 @@
-"""Node-local staging: copy a packed dataset from slow or shared storage into a local cache
-directory once per machine, shared by every process (DataLoader workers, ranks) through file
-locks, each shard checked and renamed into place only when whole, least recently used shards
-evicted past a size limit.  No paddle import.
+"""Node-local staging: copy a packed dataset into a local cache directory once per machine.
+
+The copy from slow or shared storage is shared by every process (DataLoader workers, ranks)
+through file locks, each shard checked and renamed into place only when whole, least recently
+used shards evicted past a size limit. No paddle import.
 
 ``stage(path, cache_dir)`` returns a directory that every reader opens as it opens `path`: the
 dataset's small files copied, and each shard a link to its local copy, or to the origin when it

@@ -51,31 +51,39 @@ class ShardSlot:
 
     @property
     def state(self) -> Path:
+        """Return the directory of the shards' state files (manifests, locks, reservations)."""
         return self.root / STAGING / "shards"
 
     @property
     def data(self) -> Path:
+        """Return the directory that holds the staged shards' copies."""
         return self.root / STAGING / "data"
 
     @property
     def manifest(self) -> Path:
+        """Return the path of the shard's manifest (written once its copy is whole)."""
         return self.state / f"{self.name}.json"
 
     @property
     def copy_lock(self) -> Path:
+        """Return the path of the lock held while the shard is copied."""
         return self.state / f"{self.name}.copy"
 
     @property
     def use_lock(self) -> Path:
+        """Return the path of the lock that processes using the shard hold."""
         return self.state / f"{self.name}.use"
 
     @property
     def reservation(self) -> Path:
+        """Return the path of the file that reserves cache space for the shard's copy."""
         return self.state / f"{self.name}.reserve"
 
     def unstage(self, manifest: dict[str, Any] | None) -> None:
-        """Point the shard's links back to the origin, then remove its copy and manifest
-        (the manifest first: a crash half-way leaves an incomplete, ignored copy)."""
+        """Point the shard's links back to the origin, then remove its copy and manifest.
+
+        The manifest goes first: a crash half-way leaves an incomplete, ignored copy.
+        """
         origin = read_json(self.root / STAGING / "origin.json")
         self.manifest.unlink(missing_ok=True)
         for entry in (manifest or {}).get("entries", []):
@@ -129,8 +137,10 @@ def _reserved_bytes(slot: ShardSlot) -> int:
 
 
 def usage(cache: Path) -> int:
-    """Bytes the cache holds or has reserved: staged shards, copies in progress and the small
-    files of every staged dataset."""
+    """Return the bytes the cache holds or has reserved.
+
+    That is staged shards, copies in progress and the small files of every staged dataset.
+    """
     total = 0
     for root in cache.iterdir():
         if root.is_dir() and TMP_MARK not in root.name and not root.name.startswith("."):
@@ -163,8 +173,10 @@ def evict_one(slot: ShardSlot) -> int:
 
 
 def dataset_lock(root: Path) -> Path:
-    """The flock every process holds (shared) while it stages or uses the staged dataset
-    `root`; removing `root` takes it exclusively."""
+    """Return the lock file every process flocks (shared) while it stages or uses `root`.
+
+    `root` is a staged dataset; removing it takes this lock exclusively.
+    """
     return root.parent / f".{root.name}.use"
 
 
@@ -176,8 +188,10 @@ def _dataset_last_use(root: Path) -> float:
 
 
 def evict_dataset(root: Path) -> int:
-    """Remove the staged dataset `root` (its small files) when none of its shards is staged
-    and no process stages or uses it; return the bytes freed."""
+    """Remove the staged dataset `root` (its small files) when unused; return the bytes freed.
+
+    It is unused when none of its shards is staged and no process stages or uses it.
+    """
     if any((root / STAGING / "shards").glob("*.json")):
         return 0
     with locked(dataset_lock(root), wait=False) as unused:
@@ -191,14 +205,19 @@ def evict_dataset(root: Path) -> int:
 
 
 def compute_generation(meta_bytes: bytes) -> str:
-    """The generation of a packed dataset: the SHA-256 of its ``meta.json`` bytes (a rebuild
-    writes another ``created``, plan digest and index digest, hence another generation)."""
+    """Return the generation of a packed dataset: the SHA-256 of its ``meta.json`` bytes.
+
+    A rebuild writes another ``created``, plan digest and index digest, hence another
+    generation.
+    """
     return hashlib.sha256(meta_bytes).hexdigest()
 
 
 def evict_superseded(cache: Path, keep: Path, origin: str) -> list[str]:
-    """Remove the staged directories of `origin` other than `keep` (older generations of the
-    same origin), each only when no process uses it or copies or uses any of its shards.
+    """Remove the staged directories of `origin` other than `keep`.
+
+    These are older generations of the same origin; each is removed only when no process uses
+    it or copies or uses any of its shards.
 
     Returns the names of the directories removed.
     """
@@ -216,8 +235,10 @@ def evict_superseded(cache: Path, keep: Path, origin: str) -> list[str]:
 
 
 def _remove_unused(root: Path) -> bool:
-    """Remove the staged dataset `root` whole, shards and all, unless it is in use. Its links
-    are not pointed back to the origin: the origin now holds another generation."""
+    """Remove the staged dataset `root` whole, shards and all, unless it is in use.
+
+    Its links are not pointed back to the origin: the origin now holds another generation.
+    """
     with contextlib.ExitStack() as stack:
         if not stack.enter_context(locked(dataset_lock(root), wait=False)):
             return False
@@ -236,8 +257,10 @@ def _remove_unused(root: Path) -> bool:
 
 
 def reserve(cache: Path, slot: ShardSlot, need: int, limit: int | None) -> list[ShardSlot]:
-    """Reserve `need` bytes for copying `slot`, evicting least recently used shards of other
-    datasets as needed (the caller holds the slot's copy lock).
+    """Reserve `need` bytes for copying `slot`.
+
+    Least recently used shards of other datasets are evicted as needed (the caller holds the
+    slot's copy lock).
 
     Returns the evicted slots; raises `NoRoom` when the shard does not fit.
     """
@@ -275,5 +298,6 @@ class NoRoom(Exception):
 
 
 def release(slot: ShardSlot) -> None:
+    """Drop the cache space that `slot` reserved for its copy, if any."""
     with contextlib.suppress(FileNotFoundError):
         slot.reservation.unlink()

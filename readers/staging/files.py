@@ -1,6 +1,8 @@
-"""File primitives of staging: flock-based locks, a checked copy (CRC while reading, fsync, re-read
-and compare; no link followed, permissions at most the origin's), atomic small-file writes and
-size parsing."""
+"""File primitives of staging: locks, a checked copy, atomic small-file writes, size parsing.
+
+Locks are flock-based; the copy computes a CRC while reading, fsyncs, re-reads and compares,
+follows no link, and gives permissions at most the origin's.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +47,11 @@ def parse_size(value: int | str | None) -> int | None:
 
 @contextlib.contextmanager
 def locked(path: Path, *, shared: bool = False, wait: bool = True) -> Iterator[bool]:
-    """Hold an flock on `path` (created if missing) for the block; yields False, holding
-    nothing, when `wait` is False and another process holds a conflicting lock."""
+    """Hold an flock on `path` (created if missing) for the block.
+
+    Yields False, holding nothing, when `wait` is False and another process holds a
+    conflicting lock.
+    """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
@@ -61,8 +66,10 @@ def locked(path: Path, *, shared: bool = False, wait: bool = True) -> Iterator[b
 
 
 def hold_shared(path: Path) -> int | None:
-    """Take a shared flock on `path` and return its descriptor (kept open to keep the lock);
-    None when the file is gone."""
+    """Take a shared flock on `path` and return its descriptor, or None when the file is gone.
+
+    The descriptor is kept open to keep the lock.
+    """
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
@@ -72,6 +79,7 @@ def hold_shared(path: Path) -> int | None:
 
 
 def fsync_dir(path: Path) -> None:
+    """Call fsync on the directory `path`, so that a new entry or rename in it lasts."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -93,8 +101,10 @@ def crc_file(path: Path, progress: Progress | None = None) -> int:
 def copy_checked(
     root: Path, rel: str, dst: Path, progress: Progress | None = None
 ) -> dict[str, int]:
-    """Copy the regular file ``root/rel`` (reached through no symbolic link) to the new file
-    `dst`, fsync it, re-read it and compare CRC-32s.
+    """Copy the regular file ``root/rel`` to the new file `dst`, checked.
+
+    ``root/rel`` is reached through no symbolic link; `dst` is fsynced, re-read and its CRC-32
+    compared.
 
     The copy's permissions are at most the origin's (and the umask's), never executable: a
     file only its owner may read stays so in a shared cache.

@@ -1,10 +1,13 @@
-"""Stage one packed dataset into a cache directory: its named small files once, then shard by
-shard under a per-shard lock, each copy checked and renamed into place only when whole; older
-generations of the same origin are removed once nobody uses them.
+"""Stage one packed dataset into a cache directory.
+
+Its named small files are staged once, then shard by shard under a per-shard lock, each copy
+checked and renamed into place only when whole; older generations of the same origin are
+removed once nobody uses them.
 
 Only the files the dataset names are staged (``DATASET_FILES`` and the shard files of the shard
 table), each a regular file reached through no symbolic link: anything else planted in the
-origin is neither copied nor followed."""
+origin is neither copied nor followed.
+"""
 
 from __future__ import annotations
 
@@ -61,8 +64,10 @@ def _stat(root: Path, rel: str) -> list[int]:
 
 
 def _dir_mode(path: Path) -> int:
-    """The permissions of a directory made in the cache for the origin directory `path`: at
-    most the origin's (and the umask's), always usable by its owner."""
+    """Return the permissions of a directory made in the cache for the origin directory `path`.
+
+    They are at most the origin's (and the umask's), always usable by its owner.
+    """
     return (os.stat(path, follow_symlinks=False).st_mode & 0o777) | 0o700
 
 
@@ -169,8 +174,10 @@ class Stager:
         return result
 
     def _ensure_root(self) -> None:
-        """Create the staged dataset directory (small files + links to the origin's shards)
-        once, atomically."""
+        """Create the staged dataset directory once, atomically.
+
+        It holds the small files and links to the origin's shards.
+        """
         if self.root.is_dir():
             return
         with locked(self.cache / f".{self.root.name}.lock"):
@@ -280,8 +287,11 @@ class Stager:
         self._flip_links(slot)
 
     def _intact(self, slot: ShardSlot, manifest: dict[str, Any]) -> bool:
-        """A staged copy is used when its origin is unchanged (sizes and mtimes) and its files
-        have their recorded sizes (and, with `check`, their recorded CRC-32s)."""
+        """Say whether the staged copy of `slot` can be used.
+
+        It is used when its origin is unchanged (sizes and mtimes) and its files have their
+        recorded sizes (and, with `check`, their recorded CRC-32s).
+        """
         try:
             if manifest.get("entries") != self.entries[slot.name]:
                 return False
@@ -328,8 +338,10 @@ class Stager:
 
 
 def release(root: str | os.PathLike[str]) -> None:
-    """Drop this process's use locks on the staged dataset `root` (its shards may then be
-    evicted by other processes)."""
+    """Drop this process's use locks on the staged dataset `root`.
+
+    Its shards may then be evicted by other processes.
+    """
     for fd in _HELD.pop(Path(root), {}).values():
         with contextlib.suppress(OSError):
             os.close(fd)

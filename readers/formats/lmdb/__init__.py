@@ -1,5 +1,7 @@
-"""The LMDB shard format: PaddleOCR's key layout (``num-samples``, ``image-%09d``,
-``label-%09d`` from 1), how a shard is opened for reading, and how a bare LMDB is recognised.
+"""The LMDB shard format: key layout, how a shard is opened and a bare LMDB recognised.
+
+The key layout is PaddleOCR's (``num-samples``, ``image-%09d``, ``label-%09d`` from 1); shards
+are opened for reading.
 
 The byte layout lives in ``keys`` (keys, file names, stored labels), ``pages`` (LMDB 0.9's page
 header, reading a value at its offset, where values lie) and ``tree`` (meta pages, and
@@ -68,18 +70,23 @@ class LmdbFormat(ShardFormat):
     dataset = "readers.datasets.lmdb:LmdbDataset"
 
     def shard_path(self, root: Path, shard: str) -> str:
+        """Return the path of the environment directory of `shard` under `root`."""
         return str(root / shard)
 
     def shard_files(self, shard: str) -> tuple[str, ...]:
+        """Return the files of `shard`, relative to the dataset: its ``data.mdb``."""
         return (f"{shard}/{DATA_FILE}",)
 
     def data_file(self, shard_path: str) -> str:
+        """Return the path of the data file of the shard at `shard_path`."""
         return os.path.join(shard_path, DATA_FILE)
 
     def open_shard(self, path: str) -> Any:
+        """Return the shared read-only LMDB environment of the shard at `path`."""
         return shared_lmdb(path)
 
     def find_bare(self, path: Path) -> Path | None:
+        """Return `path` when it is a bare LMDB directory (a data file, no meta.json), else None."""
         if path.is_dir() and not (path / META_NAME).exists() and (path / DATA_FILE).exists():
             return path
         return None

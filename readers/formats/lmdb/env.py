@@ -1,5 +1,7 @@
-"""Opening an LMDB shard for reading: read-only, without locks, and never over a data file
-shorter than the pages its header says it has."""
+"""Opening an LMDB shard for reading: read-only and without locks.
+
+A shard is never opened over a data file shorter than the pages its header says it has.
+"""
 
 from __future__ import annotations
 

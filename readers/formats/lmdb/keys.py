@@ -1,5 +1,8 @@
-"""PaddleOCR's LMDB key layout: ``num-samples``, ``image-%09d`` and ``label-%09d`` (counting
-from 1 within a shard), the file names of an environment, and how a label is stored."""
+"""PaddleOCR's LMDB key layout, the file names of an environment, and how a label is stored.
+
+The keys are ``num-samples``, ``image-%09d`` and ``label-%09d`` (counting from 1 within a
+shard).
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,11 @@ def label_key(local: int) -> bytes:
 
 
 def encode_label(label: Any) -> bytes:
-    """A label as stored in LMDB: a class id as its decimal string, text as itself, anything
-    structured as compact JSON, and ``None`` as the empty string."""
+    """Return a label as stored in LMDB.
+
+    A class id is stored as its decimal string, text as itself, anything structured as
+    compact JSON, and ``None`` as the empty string.
+    """
     if label is None:
         return b""
     if isinstance(label, bool):

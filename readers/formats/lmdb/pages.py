@@ -1,6 +1,9 @@
-"""LMDB 0.9's page header, reading an overflow value straight from a mapping of ``data.mdb``
-at its index offset (checked against the page header first), and finding where each value of a
-freshly written shard lies in the file."""
+"""LMDB 0.9's page header, and reading overflow values straight from ``data.mdb``.
+
+An overflow value is read from a mapping of ``data.mdb`` at its index offset (checked against
+the page header first); this module also finds where each value of a freshly written shard lies
+in the file.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +25,13 @@ P_META = 0x08
 
 
 def overflow_value(mapped: Any, offset: int, nbytes: int, page_size: int) -> memoryview | None:
-    """The `nbytes` at `offset` of a mapped ``data.mdb``, if an overflow value of that size
-    starts there (its page header says so: a page of that number, flagged overflow, spanning
-    the value); else None. Large values (above about half a page: every image but the
-    tiniest) live on overflow pages of their own, right after the page header."""
+    """Return the `nbytes` at `offset` of a mapped ``data.mdb``, or None.
+
+    They are returned if an overflow value of that size starts there (its page header says
+    so: a page of that number, flagged overflow, spanning the value). Large values (above
+    about half a page: every image but the tiniest) live on overflow pages of their own, right
+    after the page header.
+    """
     if offset % page_size != PAGE_HEADER.size or offset + nbytes > len(mapped):
         return None
     number, _, flags, pages = PAGE_HEADER.unpack_from(mapped, offset - PAGE_HEADER.size)
@@ -42,8 +48,10 @@ def buffer_address(value: Any) -> int:
 
 
 def map_base(data_file: str, address: int) -> int:
-    """The address at which this process maps byte 0 of `data_file`, in the mapping that holds
-    `address` (from /proc/self/maps; the file may be mapped more than once).
+    """Return the address at which this process maps byte 0 of `data_file`.
+
+    It is taken from the mapping that holds `address` (from /proc/self/maps; the file may be
+    mapped more than once).
 
     Raises:
         OSError: no mapping of `data_file` holds `address`, or /proc is not there.

@@ -1,7 +1,9 @@
-"""A bounds-checked walk over every page of ``data.mdb`` that a lookup in the main database can
-touch: the meta pages, the B-tree's branch and leaf pages, and the first page of each overflow
-value. What the walk finds is what would otherwise make LMDB read outside the file (SIGBUS) or
-fail with a raw error, so ``packer verify`` walks a shard before it opens it with LMDB.
+"""A bounds-checked walk over every page of ``data.mdb`` that a main-database lookup can touch.
+
+These are the meta pages, the B-tree's branch and leaf pages, and the first page of each
+overflow value. What the walk finds is what would otherwise make LMDB read outside the file
+(SIGBUS) or fail with a raw error, so ``packer verify`` walks a shard before it opens it with
+LMDB.
 
 LMDB 0.9's layout (``mdb.c``): pages of ``psize`` bytes; pages 0 and 1 are meta pages (the one
 with the higher transaction id is current); each page starts with ``MDB_page`` (`PAGE_HEADER`);
@@ -202,10 +204,12 @@ class _Walk:
 
 
 def check_tree(data_file: str) -> list[str]:
-    """The problems of the LMDB ``data.mdb`` at `data_file` that a lookup could run into (an
-    empty list when there are none): bad meta pages, a file shorter than its pages, branch or
-    leaf pages whose header, node offsets, key or value sizes or child page numbers do not fit,
-    and overflow values whose first page is not theirs or does not hold them.
+    """Return the problems of the LMDB ``data.mdb`` at `data_file` that a lookup could run into.
+
+    The list is empty when there are none. Problems are bad meta pages, a file shorter than its
+    pages, branch or leaf pages whose header, node offsets, key or value sizes or child page
+    numbers do not fit, and overflow values whose first page is not theirs or does not hold
+    them.
 
     Raises:
         OSError: the file cannot be read.
@@ -248,8 +252,10 @@ class LookupGuard:
         self._checked: set[int] = set()
 
     def problem(self, key: bytes) -> str | None:
-        """Why looking `key` up would touch bytes outside the file or its page layout, or None
-        when the lookup is safe (the key need not exist)."""
+        """Say why looking `key` up would touch bytes outside the file or its page layout.
+
+        None when the lookup is safe (the key need not exist).
+        """
         meta = self.meta
         page = meta.root
         if page == P_INVALID:
@@ -267,8 +273,10 @@ class LookupGuard:
         return f"no leaf page {meta.depth} levels down from the root (page {meta.root})"
 
     def _page(self, page: int, level: int) -> tuple[int, int, bool] | str:
-        """``(file offset, node count, is a leaf)`` of a branch or leaf page whose layout fits,
-        else the problem."""
+        """Return ``(file offset, node count, is a leaf)`` of a branch or leaf page.
+
+        That is when the page's layout fits; else the problem is returned.
+        """
         psize = self.meta.page_size
         base = page * psize
         number, _, flags, lower, upper = struct.unpack_from("<QHHHH", self.buf, base)
@@ -309,8 +317,10 @@ class LookupGuard:
         return at, lo | hi << 16, flags, bytes(self.buf[at + NODE.size : at + NODE.size + ksize])
 
     def _child(self, base: int, count: int, key: bytes) -> int:
-        """The child page of a branch page that may hold `key`: the last node whose key is not
-        above it (node 0's key counts as below every key)."""
+        """Return the child page of a branch page that may hold `key`.
+
+        It is the last node whose key is not above it (node 0's key counts as below every key).
+        """
         lo, hi = 1, count
         while lo < hi:
             mid = (lo + hi) // 2

@@ -1,5 +1,7 @@
-"""The RecordIO shard format, byte-compatible with MXNet/dmlc: ``.rec`` records holding MXNet
-image records, ``.idx`` offsets, how a shard is opened and how a bare ``.rec`` is recognised.
+"""The RecordIO shard format, byte-compatible with MXNet/dmlc.
+
+It covers ``.rec`` records holding MXNet image records, ``.idx`` offsets, how a shard is opened
+and how a bare ``.rec`` is recognised.
 
 The byte layout lives in ``records`` (record framing), ``images`` (``IRHeader`` payloads, the
 header label an index label becomes, and header peeking), ``idx`` (``.idx`` files and finding a
@@ -124,18 +126,23 @@ class RecordIOFormat(ShardFormat):
     offsets_locate_records = True
 
     def shard_path(self, root: Path, shard: str) -> str:
+        """Return the path of the ``.rec`` file of `shard` under `root`."""
         return str(root / f"{shard}{REC_SUFFIX}")
 
     def shard_files(self, shard: str) -> tuple[str, ...]:
+        """Return the files of `shard`, relative to the dataset: its ``.rec`` and ``.idx``."""
         return (f"{shard}{REC_SUFFIX}", f"{shard}{IDX_SUFFIX}")
 
     def open_shard(self, path: str) -> Any:
+        """Return the shared read-only handle of the ``.rec`` at `path`."""
         return shared_rec(path)
 
     def find_bare(self, path: Path) -> tuple[Path, Path | None] | None:
+        """Return the ``.rec`` / ``.idx`` pair that `path` names, or None."""
         return find_recordio_pair(path)
 
     def near_miss(self, path: Path) -> str | None:
+        """Say why `path` is almost, but not, a bare RecordIO file, or None."""
         if path.is_dir():
             recs = sorted(p.name for p in path.glob(f"*{REC_SUFFIX}") if p.is_file())
             if len(recs) > 1:

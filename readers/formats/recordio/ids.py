@@ -1,5 +1,7 @@
-"""Rewriting the sample ids of a finished RecordIO shard in place: each record's
-``IRHeader.id``, and its ``.idx`` written anew."""
+"""Rewriting the sample ids of a finished RecordIO shard in place.
+
+Each record's ``IRHeader.id`` is rewritten, and its ``.idx`` written anew.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ IR_ID_OFFSET, _IR_ID = ir_field("id")
 
 
 def rewrite_ids(rec_path: Path, idx_path: Path, first: int, offsets: Sequence[int]) -> None:
-    """Give the records at `offsets` of the ``.rec`` at `rec_path` the ids ``first, first + 1,
-    ...``, and write the ``.idx`` at `idx_path` with those keys.
+    """Give the records at `offsets` of the ``.rec`` at `rec_path` new ids from `first` on.
+
+    The ids are ``first, first + 1, ...``; the ``.idx`` at `idx_path` is written with those
+    keys.
 
     The record framing does not change, since an id below the magic cannot contain the magic
     at an aligned offset of the payload; both files are fsynced.

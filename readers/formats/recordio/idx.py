@@ -1,5 +1,7 @@
-"""``.idx`` files (``key<TAB>offset`` lines, as MXNet writes them) and finding the ``.rec``
-/ ``.idx`` pair a path names."""
+"""``.idx`` files, and finding the ``.rec`` / ``.idx`` pair a path names.
+
+An ``.idx`` file holds ``key<TAB>offset`` lines, as MXNet writes them.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def format_idx_line(key: int, offset: int) -> str:
-    """Return the ``.idx`` line for a record: ``"{key}\\t{offset}\\n"`` (as MXNet writes it)."""
+    r"""Return the ``.idx`` line for a record: ``"{key}\t{offset}\n"`` (as MXNet writes it)."""
     return f"{int(key)}\t{int(offset)}\n"
 
 

@@ -1,6 +1,8 @@
-"""MXNet image-record payloads: the ``IRHeader`` (``<IfQQ``: flag, label, id, id2), then
-``flag`` float32 labels when ``flag > 0``, then the encoded image; and peeking at a record's
-header without copying its image."""
+"""MXNet image-record payloads, and peeking at a record's header without copying its image.
+
+A payload is the ``IRHeader`` (``<IfQQ``: flag, label, id, id2), then ``flag`` float32 labels
+when ``flag > 0``, then the encoded image.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ IR_HEADER = struct.Struct("<" + "".join(code for _, code in IR_FIELDS))
 
 
 def ir_field(name: str) -> tuple[int, struct.Struct]:
-    """Where field `name` of the ``IRHeader`` lies in it, and its struct (e.g. ``id``: 8,
-    ``<Q``)."""
+    """Return where field `name` of the ``IRHeader`` lies in it, and its struct.
+
+    For example ``id``: 8, ``<Q``.
+    """
     codes = [code for field, code in IR_FIELDS]
     at = [field for field, _ in IR_FIELDS].index(name)
     return struct.calcsize("<" + "".join(codes[:at])), struct.Struct("<" + codes[at])
@@ -123,23 +127,29 @@ def header_label(label: Any) -> float | list[float] | None:
 
 
 def image_record_size(image_bytes: int, label: Any) -> int:
-    """Bytes of the MXNet image-record payload of an image of `image_bytes` bytes whose index
-    label is `label` (see `header_label`)."""
+    """Return the size of the MXNet image-record payload of an image of `image_bytes` bytes.
+
+    The image's index label is `label` (see `header_label`).
+    """
     stored = header_label(label)
     extra = 4 * len(stored) if isinstance(stored, list) else 0
     return IR_HEADER.size + extra + image_bytes
 
 
 def image_record_bound(image_bytes: int, label: Any) -> int:
-    """An upper bound of `image_record_size`, found without converting the label: a list
-    label may add 4 bytes per item."""
+    """Return an upper bound of `image_record_size`, found without converting the label.
+
+    A list label may add 4 bytes per item.
+    """
     extra = 4 * len(label) if isinstance(label, list) else 0
     return IR_HEADER.size + extra + image_bytes
 
 
 def pack_labelled_image(image: Buffer, label: Any, *, id: int) -> bytes:
-    """The MXNet image-record payload of `image` whose index label is `label`: the header
-    label is computed once, here (see `header_label`)."""
+    """Return the MXNet image-record payload of `image` whose index label is `label`.
+
+    The header label is computed once, here (see `header_label`).
+    """
     return pack_image_record(image, label=header_label(label), id=id)
 
 
@@ -177,8 +187,10 @@ def unpack_image_record(
 
 
 def header_at(buf: Buffer, offset: int) -> tuple[IRHeader, Any, int]:
-    """``(header, label, image length)`` of the image record at `offset`, reading only the
-    header of a one-part record (the common case) and the whole record otherwise.
+    """Return ``(header, label, image length)`` of the image record at `offset`.
+
+    Only the header of a one-part record (the common case) is read, and the whole record
+    otherwise.
 
     Raises:
         RecordIOFormatError: the bytes at `offset` are not an image record.
@@ -203,8 +215,11 @@ def header_at(buf: Buffer, offset: int) -> tuple[IRHeader, Any, int]:
 
 
 def cut_short(buf: Buffer, offset: int) -> str | None:
-    """How the one-part record at `offset` runs past the end of `buf`, or None when it does
-    not (a record that is damaged in another way is left to the read that meets it)."""
+    """Say how the one-part record at `offset` runs past the end of `buf`, or None.
+
+    None when it does not (a record that is damaged in another way is left to the read that
+    meets it).
+    """
     size = len(buf)
     if offset + _REC_HEAD.size > size:
         return f"needs {_REC_HEAD.size} header bytes but the file ends at byte {size}"

@@ -51,8 +51,10 @@ class RecordIOError(ValueError):
 
 
 class RecordIOFormatError(RecordIOError):
-    """Bytes that are not valid RecordIO: the message names the offset, what was found and
-    what was expected."""
+    """Bytes that are not valid RecordIO.
+
+    The message names the offset, what was found and what was expected.
+    """
 
 
 class RecordTooLargeError(RecordIOError):
@@ -246,8 +248,9 @@ def iter_records(buf: Buffer, *, strict: bool = False) -> Iterator[tuple[int, by
 
 
 def scan_offsets(buf: Buffer, *, strict: bool = False) -> npt.NDArray[np.int64]:
-    """Return the start offset of every record in a whole ``.rec`` buffer (int64), for files
-    without a ``.idx``; payloads are not copied.
+    """Return the start offset of every record in a whole ``.rec`` buffer (int64).
+
+    This is for files without a ``.idx``; payloads are not copied.
 
     Raises:
         RecordIOFormatError: as ``read_record_at``, at the first bad record.
