@@ -329,13 +329,13 @@ class ChunkShuffleSampler(RankedEpochs):
                 would repeat some samples and skip others).
         """
         saved_size = state.get("world_size", self._world_size)
-        if self._mix is not None and self._mix.split_unit is not None:
-            if saved_size != self._world_size:
-                raise ValueError(
-                    f"cannot resume a mix='batch' state saved with world_size={saved_size} at "
-                    f"world_size={self._world_size}: resume it at the saved world size, or "
-                    "use mix='epoch' (which resumes on any number of ranks)"
-                )
+        mixed_batches = self._mix is not None and self._mix.split_unit is not None
+        if mixed_batches and saved_size != self._world_size:
+            raise ValueError(
+                f"cannot resume a mix='batch' state saved with world_size={saved_size} at "
+                f"world_size={self._world_size}: resume it at the saved world size, or "
+                "use mix='epoch' (which resumes on any number of ranks)"
+            )
         r = read_sampler_state(
             state,
             self._params(),
