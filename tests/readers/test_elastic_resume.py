@@ -457,3 +457,18 @@ def test_another_epoch_and_back_forgets_the_elastic_rest() -> None:
     fresh.set_epoch(EPOCH)
     assert s.rank_order().tolist() == fresh.rank_order().tolist()
     assert len(s) == len(fresh) == 68
+
+
+def test_mix_batch_state_resumes_only_at_its_world_size() -> None:
+    def make(rank: int, world: int) -> ChunkShuffleBatchSampler:
+        return ChunkShuffleBatchSampler(
+            _mixed(), batch_size=6, weights=[2, 1], mix="batch", rank=rank, world_size=world, **KW
+        )
+
+    saved = make(0, 2)
+    saved.set_epoch(EPOCH)
+    state = saved.state_dict(consumed_batches=3)
+    same = make(1, 2)
+    same.load_state_dict(state)  # the saved world size: fine
+    with pytest.raises(ValueError, match=r"mix='batch' state saved with world_size=2"):
+        make(0, 3).load_state_dict(state)
