@@ -255,7 +255,8 @@ def _shuffle_inside_buckets(
     counts: IntArray, pb: IntArray, chunk_size: int, window: int, rng: np.random.Generator
 ) -> IntArray:
     """A permutation of positions ``[0, n)`` that stays inside each bucket's ``[pb[b], pb[b+1])``:
-    the bucket's chunks shuffled, then samples shuffled inside blocks of ``window`` chunks."""
+    the bucket's chunks shuffled, then samples shuffled inside blocks of ``window`` chunks.
+    """
     n = int(pb[-1])
     lo, hi = chunk_ranges(pb, chunk_size=chunk_size)
     per_bucket = -(-counts // chunk_size)

@@ -180,7 +180,8 @@ class BucketBatchSampler(RankedEpochs):
     @property
     def start_batch(self) -> int:
         """Batches of this rank's share the next pass skips: the loaded state's position at
-        the saved world size, 0 after a load at another (count consumed batches from here)."""
+        the saved world size, 0 after a load at another (count consumed batches from here).
+        """
         return self._offset
 
     def __len__(self) -> int:

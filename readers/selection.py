@@ -1,5 +1,6 @@
 """What samplers and streams read from a dataset: its shard bounds, the selected ids, and
-columns of its index (record CRCs, widths, heights), never the records themselves."""
+columns of its index (record CRCs, widths, heights), never the records themselves.
+"""
 
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ _EXTRA = ("width", "height")
 
 def _sources(dataset: Any) -> list[Any] | None:
     """The parts of a concatenation (``.datasets`` or ``.sources``, with ``.offsets``), else
-    None."""
+    None.
+    """
     if getattr(dataset, "offsets", None) is None:
         return None
     parts = getattr(dataset, "datasets", None)
@@ -171,7 +173,8 @@ def index_columns(dataset: Any, *names: str) -> list[npt.NDArray[Any]] | None:
 
 def dataset_records_crc32(dataset: Any) -> int | None:
     """CRC-32 over the CRC-32s of every record in the index: the same for the same stored
-    records in the same order, whatever the copy; None without an index."""
+    records in the same order, whatever the copy; None without an index.
+    """
     found = index_columns(dataset, "crc32")
     if found is None:
         return None

@@ -1,6 +1,7 @@
 """How ``ShardStream`` gets items out of a dataset: stored records read run by run through a
 bounded shuffle buffer, decoded as they leave it (``dataset.decode_stored``, which goes through
-``readers.decode.decode_sample``)."""
+``readers.decode.decode_sample``).
+"""
 
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ def serve(
     finish: Callable[[int, Any], Any],
 ) -> Iterator[Any]:
     """Read ``ids`` in order, emit ``finish(id, item)`` in ``order`` from ``skip`` on, holding
-    at most ``buffer`` records (the bound ``order[o] < o + buffer`` of ``buffer_order``)."""
+    at most ``buffer`` records (the bound ``order[o] < o + buffer`` of ``buffer_order``).
+    """
     m = ids.size
     reader = RunReader(dataset, ids, chunk_lo)
     held: dict[int, Any] = {}

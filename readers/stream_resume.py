@@ -69,7 +69,8 @@ class StreamResume:
 @dataclass(frozen=True)
 class StreamRestart:
     """A loaded stream state: the epoch, the same-size resume point (None after a change of
-    world size: the rest starts at its beginning), and the earlier stretches."""
+    world size: the rest starts at its beginning), and the earlier stretches.
+    """
 
     epoch: int
     resume: StreamResume | None

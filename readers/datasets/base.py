@@ -42,7 +42,8 @@ def advise_willneed(
 ) -> None:
     """``POSIX_FADV_WILLNEED`` the bytes of samples ``start..stop-1``, shard by shard, where
     ``byte_ranges(shard, lo, hi)`` says which file ranges hold them (`readers.readahead.willneed`:
-    in pieces the kernel reads whole). Errors are ignored."""
+    in pieces the kernel reads whole). Errors are ignored.
+    """
     start, stop = max(0, int(start)), min(int(bounds[-1]), int(stop))
     if start >= stop or not hasattr(os, "posix_fadvise"):
         return
@@ -248,7 +249,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def _handle(self, shard: int) -> Any:
         """The open handle of `shard`: opened on first use in this process, and again after
-        it was closed to bound the open files (`readers.io.handles`)."""
+        it was closed to bound the open files (`readers.io.handles`).
+        """
         return self._shards.get(shard, len(self._shard_paths), self._open_checked)
 
     def _open_checked(self, shard: int) -> Any:
@@ -282,7 +284,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def _byte_ranges(self, shard: int, lo: int, hi: int) -> list[tuple[str, int, int]]:
         """The file ranges to read for samples ``lo..hi-1`` of `shard` (a format whose records
-        may lie apart returns several)."""
+        may lie apart returns several).
+        """
         found = self._byte_range(shard, lo, hi)
         return [] if found is None else [found]
 
@@ -305,7 +308,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def _read_sample(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
         """`_read`, once more when the shard's handle was closed during the read (another
-        thread made room for its own): that is no bad record."""
+        thread made room for its own): that is no bad record.
+        """
         try:
             return self._read(i, shard, as_bytes=as_bytes)
         except RecordError:

@@ -87,7 +87,8 @@ def insightface_images(
     idx: Path, keys: np.ndarray, offsets: np.ndarray, meta_at: int, meta_label: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Keys and offsets of the images an InsightFace meta record announces: keys
-    ``1 .. label[0] - 1``; without a usable range, every key but the meta record's."""
+    ``1 .. label[0] - 1``; without a usable range, every key but the meta record's.
+    """
     end = float(meta_label[0]) if meta_label.size else 0.0
     if not (end.is_integer() and 1 <= end <= len(keys)):
         return np.delete(keys, meta_at), np.delete(offsets, meta_at)
@@ -106,7 +107,8 @@ def insightface_images(
 
 def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(keys, offsets, int labels or None)`` of the image records of a ``.rec`` without
-    ``.idx``, found by reading the whole file (records without image bytes are skipped)."""
+    ``.idx``, found by reading the whole file (records without image bytes are skipped).
+    """
     try:
         keys: list[int] = []
         kept: list[int] = []
@@ -247,7 +249,8 @@ class RecordIODataset(ShardedDataset):
     def labels(self) -> np.ndarray | None:
         """Every sample's int label, for samplers and filters: the index's class ids for a
         packed dataset; for a bare pair the header labels when all are single integral
-        numbers (read from every header on first use), else None."""
+        numbers (read from every header on first use), else None.
+        """
         if self.index is not None:
             return self.index.labels.as_ints()
         if not self._bare_labels_known:

@@ -65,7 +65,8 @@ class Entry:
 
     def close(self) -> None:
         """Close the handle (a mapping whose memory is still exported closes with its last
-        view)."""
+        view).
+        """
         self.open = False
         _by_id.pop(id(self.handle), None)
         with contextlib.suppress(Exception):
@@ -185,7 +186,8 @@ def entry_of(handle: Any) -> Entry | None:
 class ShardHandles:
     """One reader's handles of its shards in this process, by shard number: each taken on
     first use and again after it was closed to make room; none survive ``fork`` or a pickle
-    (``ShardHandles()`` is what a copy starts with)."""
+    (``ShardHandles()`` is what a copy starts with).
+    """
 
     def __init__(self) -> None:
         self.handles: list[Any] = []

@@ -52,7 +52,8 @@ def read_meta_once(
     root: str | os.PathLike[str], meta: dict[str, Any], stamp: tuple[int, int, int, int]
 ) -> Iterator[None]:
     """Inside the block, `meta_read` hands out `meta` (read from `root`'s ``meta.json``
-    while it had `stamp`), so that ``open_dataset`` and the dataset read it once."""
+    while it had `stamp`), so that ``open_dataset`` and the dataset read it once.
+    """
     token = _READ.set((os.path.realpath(root), stamp, meta))
     try:
         yield
@@ -62,7 +63,8 @@ def read_meta_once(
 
 def meta_read(root: str | os.PathLike[str], stamp: tuple[int, int, int, int]) -> Any:
     """The ``meta.json`` of `root` read by the enclosing `read_meta_once` when it is the file
-    of `stamp`, else None (read it again)."""
+    of `stamp`, else None (read it again).
+    """
     found = _READ.get()
     if found is None or found[0] != os.path.realpath(root) or found[1] != stamp:
         return None
@@ -88,7 +90,8 @@ class DatasetIdentity:
 
     def check_shard(self, shard_path: str) -> None:
         """Raise `DatasetRebuiltError` unless the shard at `shard_path` (a file or an LMDB
-        directory, links followed) lies in a directory of the opened build."""
+        directory, links followed) lies in a directory of the opened build.
+        """
         self.check_meta()
         where = os.path.dirname(os.path.realpath(shard_path))
         try:
