@@ -1,5 +1,6 @@
-"""The epochs of ``readers.BucketBatchSampler`` as pure functions of (seed, epoch) and the index:
-batches of similar width, height or aspect, from the index alone; no paddle, no I/O.
+"""The epochs of ``readers.BucketBatchSampler`` as pure functions of (seed, epoch) and the index.
+
+Batches of similar width, height or aspect, from the index alone; no paddle, no I/O.
 
 One epoch, for all ranks together, from the key values of the selected samples (the index's
 ``width``, ``height`` or ``width / height``; no record is read or decoded):
@@ -254,8 +255,10 @@ def bucket_batches(
 def _shuffle_inside_buckets(
     counts: IntArray, pb: IntArray, chunk_size: int, window: int, rng: np.random.Generator
 ) -> IntArray:
-    """A permutation of positions ``[0, n)`` that stays inside each bucket's ``[pb[b], pb[b+1])``:
-    the bucket's chunks shuffled, then samples shuffled inside blocks of ``window`` chunks."""
+    """A permutation of positions ``[0, n)`` that stays inside each bucket's ``[pb[b], pb[b+1])``.
+
+    The bucket's chunks are shuffled, then samples shuffled inside blocks of ``window`` chunks.
+    """
     n = int(pb[-1])
     lo, hi = chunk_ranges(pb, chunk_size=chunk_size)
     per_bucket = -(-counts // chunk_size)
@@ -274,8 +277,9 @@ def _shuffle_inside_buckets(
 
 
 def _shuffle_blocks(lengths: IntArray, rng: np.random.Generator) -> IntArray:
-    """A permutation of ``[0, sum(lengths))`` that shuffles each block of consecutive
-    positions (of the given lengths) uniformly and keeps the blocks in place.
+    """A permutation of ``[0, sum(lengths))`` that shuffles each block uniformly in place.
+
+    The blocks are runs of consecutive positions of the given lengths; they keep their places.
 
     One row per block, sorted on its own: a random 32-bit key above the column number, so keys
     are distinct and every correct sort gives the same order (no tie left to the sort

@@ -1,5 +1,6 @@
-"""``BucketBatchSampler``: bucket-pure batches of width, height or aspect for a DataLoader, with
-the seed, epoch, rank, ``drop_last`` and (elastic) resume semantics of the chunked sampler.
+"""``BucketBatchSampler``: bucket-pure batches of width, height or aspect for a DataLoader.
+
+It has the seed, epoch, rank, ``drop_last`` and (elastic) resume semantics of the chunked sampler.
 
 The order of an epoch is :mod:`readers.bucket_order` (buckets from the index's quantiles or
 given boundaries, chunks inside buckets, batches merged over buckets, contiguous rank shares of
@@ -179,8 +180,11 @@ class BucketBatchSampler(RankedEpochs):
 
     @property
     def start_batch(self) -> int:
-        """Batches of this rank's share the next pass skips: the loaded state's position at
-        the saved world size, 0 after a load at another (count consumed batches from here)."""
+        """Batches of this rank's share the next pass skips.
+
+        The loaded state's position at the saved world size, 0 after a load at another (count
+        consumed batches from here).
+        """
         return self._offset
 
     def __len__(self) -> int:

@@ -1,5 +1,7 @@
-"""The rest of an epoch resumed at another world size (elastic resume): pure functions of the
-epoch's length, the world sizes and what each run consumed; no paddle, no I/O.
+"""The rest of an epoch resumed at another world size (elastic resume).
+
+Pure functions of the epoch's length, the world sizes and what each run consumed; no paddle, no
+I/O.
 
 **Elastic resume, for any sampler whose epoch is one global order split over ranks.** An epoch
 is a global order of ``n`` *units* (samples for the chunked samplers and ``ShardStream``,

@@ -1,7 +1,9 @@
-"""What the samplers and ``ShardStream`` share: the rank and world size they split an order
-over, the epoch ``set_epoch`` chooses, a rank's length, the parameters a resume state records,
-and the rest of an epoch resumed at another world size (no paddle import unless the rank is
-left to ``paddle.distributed``)."""
+"""What the samplers and ``ShardStream`` share: ranks, epochs, lengths and resume parameters.
+
+That is: the rank and world size they split an order over, the epoch ``set_epoch`` chooses, a
+rank's length, the parameters a resume state records, and the rest of an epoch resumed at another
+world size (no paddle import unless the rank is left to ``paddle.distributed``).
+"""
 
 from __future__ import annotations
 
@@ -194,8 +196,10 @@ class RankedEpochs:
         return self._fingerprint
 
     def _dataset_crc32(self, dataset: Any) -> int | None:
-        """CRC-32 of `dataset`'s record CRCs (``readers.selection.dataset_records_crc32``),
-        computed once; None for a dataset without them."""
+        """CRC-32 of `dataset`'s record CRCs (``readers.selection.dataset_records_crc32``).
+
+        It is computed once; None for a dataset without them.
+        """
         if self._records_crc32 == -1:
             self._records_crc32 = dataset_records_crc32(dataset)
         return self._records_crc32

@@ -78,6 +78,7 @@ class DatasetIndex:
 
     @property
     def format(self) -> str:
+        """The dataset's storage format, as recorded in ``meta.json`` (``meta["format"]``)."""
         return str(self.meta["format"])
 
     def shard_of(self, i: int) -> int:

@@ -1,5 +1,7 @@
-"""Mid-epoch resume states of the samplers: what is saved, the checks on load (shared with
-``ShardStream``'s, :mod:`readers.stream_resume`), and the entry points of elastic resume.
+"""Mid-epoch resume states of the samplers: what is saved, the checks on load, elastic resume.
+
+The checks on load are shared with ``ShardStream``'s (:mod:`readers.stream_resume`); the entry
+points of elastic resume are here too.
 
 A state records where training got in an epoch plus every parameter the order depends on; a
 state saved with other parameters, or over another dataset, is refused with a message naming
@@ -157,6 +159,11 @@ def rest_after(
 
 
 def check_version(state: dict[str, Any], *, kind: str, what: str) -> int:
+    """The version of `state`, checked to be readable and saved by a `kind` (`what` names it).
+
+    Raises:
+        ValueError: the version is not readable, or another class saved the state.
+    """
     version = state["version"]
     saved_kind = state.get("kind", "ChunkShuffleSampler" if version == 1 else None)
     if version not in _READABLE:

@@ -176,8 +176,10 @@ class ChunkShuffleSampler(RankedEpochs):
     # ------------------------------------------------------------------ properties
     @property
     def num_selected(self) -> int:
-        """Selected samples over all ranks (before padding or dropping); a mixture's samples
-        per epoch."""
+        """Selected samples over all ranks (before padding or dropping).
+
+        For a mixture, its samples per epoch.
+        """
         return self._num_ordered
 
     @property
@@ -193,8 +195,11 @@ class ChunkShuffleSampler(RankedEpochs):
 
     @property
     def start_position(self) -> int:
-        """Where the next pass starts in this rank's share: the loaded state's position at
-        the saved world size, 0 after a load at another (or no load)."""
+        """Where the next pass starts in this rank's share.
+
+        The loaded state's position at the saved world size, 0 after a load at another (or no
+        load).
+        """
         return self._offset
 
     # ------------------------------------------------------------------ order
@@ -416,8 +421,11 @@ class ChunkShuffleBatchSampler:
 
     @property
     def start_batch(self) -> int:
-        """Batches of the epoch the next pass skips: the loaded state's position at the saved
-        world size, 0 after a load at another (count consumed batches on from here)."""
+        """Batches of the epoch the next pass skips.
+
+        The loaded state's position at the saved world size, 0 after a load at another (count
+        consumed batches on from here).
+        """
         return -(-self.sampler.start_position // self.batch_size)
 
     def __len__(self) -> int:

@@ -1,5 +1,7 @@
-"""What samplers and streams read from a dataset: its shard bounds, the selected ids, and
-columns of its index (record CRCs, widths, heights), never the records themselves."""
+"""What samplers and streams read from a dataset, never the records themselves.
+
+Its shard bounds, the selected ids, and columns of its index (record CRCs, widths, heights).
+"""
 
 from __future__ import annotations
 
@@ -114,8 +116,10 @@ _EXTRA = ("width", "height")
 
 
 def _sources(dataset: Any) -> list[Any] | None:
-    """The parts of a concatenation (``.datasets`` or ``.sources``, with ``.offsets``), else
-    None."""
+    """The parts of a concatenation (``.datasets`` or ``.sources``, with ``.offsets``).
+
+    None when `dataset` is no concatenation.
+    """
     if getattr(dataset, "offsets", None) is None:
         return None
     parts = getattr(dataset, "datasets", None)
@@ -170,8 +174,10 @@ def index_columns(dataset: Any, *names: str) -> list[npt.NDArray[Any]] | None:
 
 
 def dataset_records_crc32(dataset: Any) -> int | None:
-    """CRC-32 over the CRC-32s of every record in the index: the same for the same stored
-    records in the same order, whatever the copy; None without an index."""
+    """CRC-32 over the CRC-32s of every record in the index; None without an index.
+
+    It is the same for the same stored records in the same order, whatever the copy.
+    """
     found = index_columns(dataset, "crc32")
     if found is None:
         return None

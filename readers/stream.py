@@ -112,8 +112,10 @@ _SECOND_PASS = (
 def _order_size(
     dataset: Any, chunk_size: int | None, weights: Any, epoch_samples: int | None
 ) -> tuple[Mixture | None, int, int]:
-    """The mixture (None without weights or epoch_samples), the chunk size, and the samples of
-    the global order of an epoch."""
+    """The mixture, the chunk size, and the samples of the global order of an epoch.
+
+    The mixture is None without weights or epoch_samples.
+    """
     if weights is None and epoch_samples is None:
         return None, resolve_chunk_size(dataset, chunk_size, None), len(dataset)
     mix = mixture_of(
@@ -123,7 +125,7 @@ def _order_size(
 
 
 def _worker_info() -> Any:
-    """paddle's worker info in a DataLoader worker, else None (a seam for tests)."""
+    """Paddle's worker info in a DataLoader worker, else None (a seam for tests)."""
     return paddle.io.get_worker_info()
 
 
@@ -398,6 +400,9 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
 
     @property
     def start_batch(self) -> int:
-        """Loader batches of the epoch the next pass skips: the loaded state's
-        ``consumed_batches`` at the saved world size, 0 at another (or without a load)."""
+        """Loader batches of the epoch the next pass skips.
+
+        The loaded state's ``consumed_batches`` at the saved world size, 0 at another (or
+        without a load).
+        """
         return 0 if self._resume is None else self._resume.consumed_batches

@@ -1,6 +1,8 @@
-"""How ``ShardStream`` gets items out of a dataset: stored records read run by run through a
-bounded shuffle buffer, decoded as they leave it (``dataset.decode_stored``, which goes through
-``readers.decode.decode_sample``)."""
+"""How ``ShardStream`` gets items out of a dataset.
+
+Stored records are read run by run through a bounded shuffle buffer, decoded as they leave it
+(``dataset.decode_stored``, which goes through ``readers.decode.decode_sample``).
+"""
 
 from __future__ import annotations
 
@@ -120,8 +122,10 @@ def serve(
     chunk_lo: IntArray,
     finish: Callable[[int, Any], Any],
 ) -> Iterator[Any]:
-    """Read ``ids`` in order, emit ``finish(id, item)`` in ``order`` from ``skip`` on, holding
-    at most ``buffer`` records (the bound ``order[o] < o + buffer`` of ``buffer_order``)."""
+    """Read ``ids`` in order, emit ``finish(id, item)`` in ``order`` from ``skip`` on.
+
+    At most ``buffer`` records are held (the bound ``order[o] < o + buffer`` of ``buffer_order``).
+    """
     m = ids.size
     reader = RunReader(dataset, ids, chunk_lo)
     held: dict[int, Any] = {}

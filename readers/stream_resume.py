@@ -1,5 +1,6 @@
-"""The resume state of ``ShardStream``: per-worker accounting of the batches a DataLoader
-yielded, at the saved world size (exact continuation) or another (elastic resume).
+"""The resume state of ``ShardStream``: per-worker accounting of the batches a DataLoader yielded.
+
+It resumes at the saved world size (exact continuation) or another (elastic resume).
 
 The format is a version 2 state of :mod:`readers.resume` with ``"kind": "ShardStream"``:
 ``consumed_batches``, ``consumed_samples``, ``batch_size``, ``num_workers``,
@@ -68,8 +69,10 @@ class StreamResume:
 
 @dataclass(frozen=True)
 class StreamRestart:
-    """A loaded stream state: the epoch, the same-size resume point (None after a change of
-    world size: the rest starts at its beginning), and the earlier stretches."""
+    """A loaded stream state: the epoch, the same-size resume point, and the earlier stretches.
+
+    The resume point is None after a change of world size: the rest starts at its beginning.
+    """
 
     epoch: int
     resume: StreamResume | None

@@ -1,5 +1,7 @@
-"""What every packed-format Dataset shares: options, the index, lazy per-process shard
-handles, bounds checks, pickling without handles, decoding, ``on_error`` and page-cache hints.
+"""What every packed-format Dataset shares, from options and the index to page-cache hints.
+
+That is: options, the index, lazy per-process shard handles, bounds checks, pickling without
+handles, decoding, ``on_error`` and page-cache hints.
 
 A format's Dataset (``readers/datasets/<fmt>.py``) subclasses `ShardedDataset`, names its
 `ShardFormat`, and implements opening a bare copy, reading one sample and the byte range of a
@@ -40,9 +42,11 @@ def advise_willneed(
     stop: int,
     byte_ranges: Callable[[int, int, int], list[tuple[str, int, int]]],
 ) -> None:
-    """``POSIX_FADV_WILLNEED`` the bytes of samples ``start..stop-1``, shard by shard, where
+    """``POSIX_FADV_WILLNEED`` the bytes of samples ``start..stop-1``, shard by shard.
+
     ``byte_ranges(shard, lo, hi)`` says which file ranges hold them (`readers.readahead.willneed`:
-    in pieces the kernel reads whole). Errors are ignored."""
+    in pieces the kernel reads whole). Errors are ignored.
+    """
     start, stop = max(0, int(start)), min(int(bounds[-1]), int(stop))
     if start >= stop or not hasattr(os, "posix_fadvise"):
         return
@@ -59,8 +63,9 @@ def advise_willneed(
 
 
 def load_packed_index(root: Path, fmt: ShardFormat, meta: Any = None) -> DatasetIndex:
-    """The index of the packed dataset at `root`, which must be of format `fmt` (raw records
-    are known from the index's ``format``, their dimensions loaded with it).
+    """The index of the packed dataset at `root`, which must be of format `fmt`.
+
+    Raw records are known from the index's ``format``, their dimensions loaded with it.
 
     Raises:
         DatasetFormatError: the index does not load, or the dataset is of another format.
@@ -189,8 +194,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     # --- decoding --------------------------------------------------------------------------
 
     def decode_stored(self, data: Any, i: int, mode: str | None = None) -> Any:
-        """Decode the stored bytes `data` of sample `i` as `mode` (default: ``self.decode``),
-        raw pixels (``--encode raw``) included.
+        """Decode the stored bytes `data` of sample `i` as `mode` (default: ``self.decode``).
+
+        Raw pixels (``--encode raw``) are included.
 
         Raises:
             ValueError: the bytes do not decode.
@@ -247,8 +253,11 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         return self._shards.handles
 
     def _handle(self, shard: int) -> Any:
-        """The open handle of `shard`: opened on first use in this process, and again after
-        it was closed to bound the open files (`readers.io.handles`)."""
+        """The open handle of `shard`.
+
+        It is opened on first use in this process, and again after it was closed to bound the
+        open files (`readers.io.handles`).
+        """
         return self._shards.get(shard, len(self._shard_paths), self._open_checked)
 
     def _open_checked(self, shard: int) -> Any:
@@ -281,8 +290,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         raise NotImplementedError
 
     def _byte_ranges(self, shard: int, lo: int, hi: int) -> list[tuple[str, int, int]]:
-        """The file ranges to read for samples ``lo..hi-1`` of `shard` (a format whose records
-        may lie apart returns several)."""
+        """The file ranges to read for samples ``lo..hi-1`` of `shard`.
+
+        A format whose records may lie apart returns several.
+        """
         found = self._byte_range(shard, lo, hi)
         return [] if found is None else [found]
 
@@ -304,8 +315,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         return self._read_sample(i, shard, as_bytes=True)[0]  # type: ignore[no-any-return]
 
     def _read_sample(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
-        """`_read`, once more when the shard's handle was closed during the read (another
-        thread made room for its own): that is no bad record."""
+        """`_read`, once more when the shard's handle was closed during the read.
+
+        Another thread made room for its own: that is no bad record.
+        """
         try:
             return self._read(i, shard, as_bytes=as_bytes)
         except RecordError:

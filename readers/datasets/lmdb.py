@@ -158,10 +158,12 @@ class LmdbDataset(ShardedDataset):
         return guard
 
     def _checked(self, txn: Any, key: bytes, i: int, shard: int) -> Any:
-        """The value of `key` (None when missing), looked up once the pages the lookup touches
-        and the value's extent are known to lie inside the file and its page layout: py-lmdb
-        touches the value inside ``get``, and a damaged length or page number would make that
-        kill the process (SIGBUS)."""
+        """The value of `key` (None when missing), looked up once its pages are known to be sound.
+
+        The pages the lookup touches and the value's extent must lie inside the file and its page
+        layout: py-lmdb touches the value inside ``get``, and a damaged length or page number
+        would make that kill the process (SIGBUS).
+        """
         problem = self._guard(shard).problem(key)
         if problem is not None:
             raise RecordError(f"{self._where(i, shard, key)}: damaged LMDB pages: {problem}")
@@ -200,10 +202,12 @@ class LmdbDataset(ShardedDataset):
         return overflow_value(mapped, offset, nbytes, page_size)
 
     def _check_offsets(self, shard: int) -> tuple[Any, int] | None:
-        """``(data.mdb mapped, page size)`` when the index's offsets of `shard` fit its file:
-        `OFFSET_CHECKS` samples spread over the shard read the same through LMDB as at their
-        offsets (a file rewritten or compacted since the build fails); else None. Values too
-        small for overflow pages are always looked up through LMDB."""
+        """``(data.mdb mapped, page size)`` when the index's offsets of `shard` fit its file.
+
+        They fit when `OFFSET_CHECKS` samples spread over the shard read the same through LMDB
+        as at their offsets (a file rewritten or compacted since the build fails); else None.
+        Values too small for overflow pages are always looked up through LMDB.
+        """
         if self.index is None or self.index.offset is None:
             return None
         lo, hi = int(self.shard_bounds[shard]), int(self.shard_bounds[shard + 1])

@@ -37,9 +37,11 @@ def _int_labels(values: list[Any]) -> np.ndarray | None:
 
 
 def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> None:
-    """A packed shard exists, holds every offset of its samples ``lo..lo+len(offsets)-1``,
-    and its first and last offsets point at the records of those samples (a cut ``.rec``
-    fails here, not mid-epoch).
+    """Check that a packed shard exists and its offsets point at the records of its samples.
+
+    The shard must hold every offset of its samples ``lo..lo+len(offsets)-1``, and its first
+    and last offsets must point at the records of those samples (a cut ``.rec`` fails here,
+    not mid-epoch).
 
     Raises:
         DatasetFormatError: naming the file, the index line and what is wrong.
@@ -86,8 +88,10 @@ def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> N
 def insightface_images(
     idx: Path, keys: np.ndarray, offsets: np.ndarray, meta_at: int, meta_label: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and offsets of the images an InsightFace meta record announces: keys
-    ``1 .. label[0] - 1``; without a usable range, every key but the meta record's."""
+    """Keys and offsets of the images an InsightFace meta record announces.
+
+    Those are keys ``1 .. label[0] - 1``; without a usable range, every key but the meta record's.
+    """
     end = float(meta_label[0]) if meta_label.size else 0.0
     if not (end.is_integer() and 1 <= end <= len(keys)):
         return np.delete(keys, meta_at), np.delete(offsets, meta_at)
@@ -105,8 +109,10 @@ def insightface_images(
 
 
 def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(keys, offsets, int labels or None)`` of the image records of a ``.rec`` without
-    ``.idx``, found by reading the whole file (records without image bytes are skipped)."""
+    """``(keys, offsets, int labels or None)`` of the image records of a ``.rec`` without ``.idx``.
+
+    They are found by reading the whole file (records without image bytes are skipped).
+    """
     try:
         keys: list[int] = []
         kept: list[int] = []
@@ -245,9 +251,11 @@ class RecordIODataset(ShardedDataset):
 
     @property
     def labels(self) -> np.ndarray | None:
-        """Every sample's int label, for samplers and filters: the index's class ids for a
-        packed dataset; for a bare pair the header labels when all are single integral
-        numbers (read from every header on first use), else None."""
+        """Every sample's int label, for samplers and filters.
+
+        The index's class ids for a packed dataset; for a bare pair the header labels when all
+        are single integral numbers (read from every header on first use), else None.
+        """
         if self.index is not None:
             return self.index.labels.as_ints()
         if not self._bare_labels_known:

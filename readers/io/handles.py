@@ -1,5 +1,6 @@
-"""Read-only handles of shard files, shared per process, at most a bounded number open, never
-used across ``fork``.
+"""Read-only handles of shard files, shared per process, a bounded number open.
+
+They are never used across ``fork``.
 
 Handles are whatever a format opens (``ShardFormat.open_shard``: a database environment, a
 read-only ``mmap``), and file descriptors for page-cache hints.
@@ -64,8 +65,10 @@ class Entry:
         self.open = True
 
     def close(self) -> None:
-        """Close the handle (a mapping whose memory is still exported closes with its last
-        view)."""
+        """Close the handle.
+
+        A mapping whose memory is still exported closes with its last view.
+        """
         self.open = False
         _by_id.pop(id(self.handle), None)
         with contextlib.suppress(Exception):
@@ -183,9 +186,11 @@ def entry_of(handle: Any) -> Entry | None:
 
 
 class ShardHandles:
-    """One reader's handles of its shards in this process, by shard number: each taken on
-    first use and again after it was closed to make room; none survive ``fork`` or a pickle
-    (``ShardHandles()`` is what a copy starts with)."""
+    """One reader's handles of its shards in this process, by shard number.
+
+    Each is taken on first use and again after it was closed to make room; none survive
+    ``fork`` or a pickle (``ShardHandles()`` is what a copy starts with).
+    """
 
     def __init__(self) -> None:
         self.handles: list[Any] = []

@@ -1,5 +1,7 @@
-"""Which build of a packed dataset a reader opened, and the check that a shard opened later
-(lazily, in a DataLoader worker, or again after its handle was closed) is of that build.
+"""Which build of a packed dataset a reader opened, and the check that later shards are of it.
+
+A shard opened later (lazily, in a DataLoader worker, or again after its handle was closed) is
+checked to be of that build.
 
 ``packer build --overwrite`` renames a new directory into place, so the directory a reader
 opened and the one a path names afterwards differ in inode; an in-place change (a future
@@ -51,8 +53,11 @@ _READ: ContextVar[tuple[str, tuple[int, int, int, int], dict[str, Any]] | None] 
 def read_meta_once(
     root: str | os.PathLike[str], meta: dict[str, Any], stamp: tuple[int, int, int, int]
 ) -> Iterator[None]:
-    """Inside the block, `meta_read` hands out `meta` (read from `root`'s ``meta.json``
-    while it had `stamp`), so that ``open_dataset`` and the dataset read it once."""
+    """Inside the block, `meta_read` hands out `meta`, so that it is read once.
+
+    `meta` was read from `root`'s ``meta.json`` while it had `stamp`; ``open_dataset`` and the
+    dataset both use it.
+    """
     token = _READ.set((os.path.realpath(root), stamp, meta))
     try:
         yield
@@ -61,8 +66,10 @@ def read_meta_once(
 
 
 def meta_read(root: str | os.PathLike[str], stamp: tuple[int, int, int, int]) -> Any:
-    """The ``meta.json`` of `root` read by the enclosing `read_meta_once` when it is the file
-    of `stamp`, else None (read it again)."""
+    """The ``meta.json`` of `root` read by the enclosing `read_meta_once`, or None.
+
+    It is returned when it is the file of `stamp`; else None (read it again).
+    """
     found = _READ.get()
     if found is None or found[0] != os.path.realpath(root) or found[1] != stamp:
         return None
@@ -87,8 +94,11 @@ class DatasetIdentity:
             raise DatasetRebuiltError.of(self.root, f"{META_NAME} was replaced or rewritten")
 
     def check_shard(self, shard_path: str) -> None:
-        """Raise `DatasetRebuiltError` unless the shard at `shard_path` (a file or an LMDB
-        directory, links followed) lies in a directory of the opened build."""
+        """Raise `DatasetRebuiltError` unless the shard at `shard_path` is of the opened build.
+
+        The shard (a file or an LMDB directory, links followed) must lie in a directory of the
+        opened build.
+        """
         self.check_meta()
         where = os.path.dirname(os.path.realpath(shard_path))
         try:
