@@ -185,6 +185,7 @@ def prepare_record(
             channels,
             zlib.crc32(stored),
             notes,
+            t.compression if stored_fmt == "raw" else None,
         )
     dims = None if decode_check else probe_header(data, fmt)
     warnings: tuple[str, ...] = ()
@@ -255,7 +256,18 @@ def prepare_entries(
 
 def _with_data(r: Record, data: bytes) -> Record:
     """`r` with other bytes (the constructor called directly: dataclasses.replace took 4 us)."""
-    return Record(r.rel, r.label, data, r.format, r.width, r.height, r.channels, r.crc32, r.notes)
+    return Record(
+        r.rel,
+        r.label,
+        data,
+        r.format,
+        r.width,
+        r.height,
+        r.channels,
+        r.crc32,
+        r.notes,
+        r.compression,
+    )
 
 
 def _prepare_batch(
