@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from readers.formats import lz4frame
+
 # PIL's decompression-bomb error threshold (2 x Image.MAX_IMAGE_PIXELS): ~13,400 x 13,400.
 DEFAULT_MAX_PIXELS = 178_956_970
 
@@ -133,12 +135,15 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
 
 
 def compress_pixels(raw: bytes, compression: str) -> bytes:
-    """Raw pixels squeezed by `compression` (``lz4``: the LZ4 frame format; ``zstd``), with
-    pyarrow's codecs, which ``readers.decode.decompress`` undoes."""
+    """Raw pixels squeezed by `compression` with pyarrow's codecs, which
+    ``readers.decode.decompress`` undoes: ``zstd``, or ``lz4`` (an LZ4 frame whose header gives
+    the size of the pixels: `readers.formats.lz4frame`)."""
     import pyarrow as pa
 
-    codec = pa.Codec("zstd", _ZSTD_LEVEL) if compression == "zstd" else pa.Codec(compression)
-    return bytes(codec.compress(raw, asbytes=True))
+    if compression == "zstd":
+        return bytes(pa.Codec("zstd", _ZSTD_LEVEL).compress(raw, asbytes=True))
+    frame = bytes(pa.Codec(compression).compress(raw, asbytes=True))
+    return lz4frame.with_content_size(frame, len(raw))
 
 
 def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, str, np.ndarray]:

@@ -138,7 +138,7 @@ def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, i
         try:
             data = decompress(data, row["compression"], height * width * channels)
         except ValueError as exc:
-            return f"does not decompress ({exc})"
+            return str(exc)  # cannot decompress <codec> to <size> bytes (why)
     dims = None
     for mode in ("unchanged", "rgb"):
         try:
