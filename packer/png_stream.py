@@ -33,8 +33,15 @@ _DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 
 # tRNS body length by colour type (palette: up to one entry per palette colour)
 _TRNS_LENGTH = {0: 2, 2: 6}
 # Adam7: (x0, y0, dx, dy) of each pass
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2))
-_ADAM7 += ((0, 1, 1, 2),)
+_ADAM7: tuple[tuple[int, int, int, int], ...] = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
 _APNG = frozenset({b"acTL", b"fcTL", b"fdAT"})  # OpenCV reads animations its own way
 
 

@@ -195,6 +195,7 @@ def prepare_record(
             t.compression if stored_fmt == "raw" else None,
         )
     warnings: tuple[str, ...] = ()
+    dims: tuple[int, int, int] | None
     if decode_check:
         checked = _check_unchanged(data, fmt)
         if checked.dims is None:
