@@ -295,7 +295,12 @@ def _build(
     try:
         run_engine(job, say=say, started=started, pool=pool)
         (tmp / MERGING_NAME).touch()
-        merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
+        merged = merge_parts(
+            tmp,
+            [s.number for s in shards],
+            shard_cls=shard_cls,
+            compressed=cfg.transform.compression is not None,
+        )
         found = label_problems + merged.problems
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])

@@ -40,7 +40,11 @@ def _format(value: str) -> str:
 
 
 def _transform(
-    resize: str | None, encode: str, quality: int, max_pixels: int = DEFAULT_MAX_PIXELS
+    resize: str | None,
+    encode: str,
+    quality: int,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    compress: str = "none",
 ) -> Transform:
     try:
         short, fit = parse_resize(resize)
@@ -50,6 +54,7 @@ def _transform(
             encode=encode,
             quality=quality,
             max_pixels=max_pixels or None,
+            compress=compress,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -150,6 +155,14 @@ def build(
             "(decoded pixels: no decode at training time, larger on disk)."
         ),
     ] = "keep",
+    compress: Annotated[
+        str,
+        typer.Option(
+            metavar="none|lz4|zstd",
+            help="With --encode raw: store the pixels compressed, read back without an image "
+            "decode (lz4: fastest to read; zstd: smaller).",
+        ),
+    ] = "none",
     quality: Annotated[int, typer.Option(help="JPEG quality for --encode jpeg.")] = 95,
     max_pixels: Annotated[
         int,
@@ -179,7 +192,7 @@ def build(
             progress=progress,
             engine=engine,
             ray_address=ray_address,
-            transform=_transform(resize, encode, quality, max_pixels),
+            transform=_transform(resize, encode, quality, max_pixels, compress),
         )
         summary = run_build(cfg)
     except PackerError as exc:

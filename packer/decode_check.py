@@ -1,6 +1,19 @@
 """The pack-time decode of a source image: OpenCV's pixels, or why they cannot be packed (a
 decoder that reports corrupt data, a depth the default reader cannot read), and the caveats
-the decoder printed about an image that is usable.
+the decoder printed about an image that is usable; and the build's decode check, which proves
+the same of a stored image at less cost (`check_source`).
+
+- The check of a JPEG decodes it at 1/8 scale: libjpeg entropy-decodes every coefficient of
+  every scan at any DCT scale (only the inverse DCT shrinks), so corrupt or cut-short data
+  gives the same warnings and errors as a full decode, at a third to half of its cost. The
+  width, height and channels come from the frame header (SOF), which is what the full decode
+  gives; the reduced image must have the size libjpeg scales that header to, which proves it
+  was the frame decoded. A JPEG the reduced decode finds fault with is decoded in full, whose
+  verdict (and message) stands, as do JPEGs of other than 8-bit samples.
+- The check of a PNG inflates its IDAT stream and checks every chunk's CRC, the stream's
+  exact length and every row's filter byte (`packer.png_stream`); any PNG that is not
+  plainly whole is decoded in full, whose verdict stands.
+- Other formats are decoded in full.
 
 - Decoder warnings: libjpeg reports data it decoded around (``Corrupt JPEG data: premature
   end of data segment``, ``... extraneous bytes before marker 0xd9``, ``... found marker 0xd3
@@ -33,6 +46,9 @@ from typing import Any
 
 import numpy as np
 
+from packer.png_stream import prove_png
+from packer.probe import JPEG_CHANNELS, jpeg_frame
+
 # libjpeg's warnings (jerror.h, JWRN_*) that mean the decoded pixels are not the image.
 _CORRUPT = re.compile(
     r"^(Corrupt JPEG data: (?!bad ICC marker).*|Premature end of JPEG file"
@@ -55,6 +71,17 @@ class Decoded:
     image: np.ndarray | None
     problem: str = ""  # why the image cannot be packed (empty: it can)
     warnings: tuple[str, ...] = field(default=())  # libjpeg caveats of a usable image
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the build's decode check found: ``(width, height, channels)`` as OpenCV's
+    ``IMREAD_UNCHANGED`` decodes the image (None: it cannot be packed, and why not), and the
+    decoder's caveats."""
+
+    dims: tuple[int, int, int] | None
+    problem: str = ""
+    warnings: tuple[str, ...] = field(default=())
 
 
 class _Scratch:
@@ -157,3 +184,54 @@ def decode_source(data: bytes, fmt: str) -> Decoded:
             )
         image = converted
     return Decoded(image, warnings=tuple(messages))
+
+
+def _reduced_jpeg(data: bytes) -> Checked | None:
+    """The check of a JPEG by its 1/8-scale decode (this module's docstring), or None when
+    only a full decode can tell."""
+    import cv2
+
+    frame = jpeg_frame(data)
+    if frame is None:
+        return None
+    width, height, components, precision = frame
+    if precision != 8 or components not in JPEG_CHANNELS or not width or not height:
+        return None
+    gray = components == 1
+    flags = cv2.IMREAD_REDUCED_GRAYSCALE_8 if gray else cv2.IMREAD_REDUCED_COLOR_8
+    with _decoder_messages() as messages:
+        try:
+            image = cv2.imdecode(
+                np.frombuffer(data, np.uint8), flags | cv2.IMREAD_IGNORE_ORIENTATION
+            )
+        except cv2.error:
+            image = None
+    if image is None or any(_CORRUPT.match(m) for m in messages):
+        return None
+    if image.shape[:2] != (-(-height // 8), -(-width // 8)):  # not the frame we measured
+        return None
+    return Checked((width, height, JPEG_CHANNELS[components]), warnings=tuple(messages))
+
+
+def check_source(data: bytes, fmt: str) -> Checked:
+    """Prove `data` (sniffed as `fmt`) decodable as `decode_source` would, and measure it, at
+    the least cost that proves the same (this module's docstring).
+
+    Returns:
+        The width, height and channels that ``IMREAD_UNCHANGED`` decodes, or None and the
+        reason the image cannot be packed; and the decoder's caveats.
+    """
+    if fmt == "png":
+        dims = prove_png(data)
+        if dims is not None:
+            return Checked(dims)
+    elif fmt == "jpeg":
+        checked = _reduced_jpeg(data)
+        if checked is not None:
+            return checked
+    decoded = decode_source(data, fmt)
+    image = decoded.image
+    if image is None:
+        return Checked(None, decoded.problem)
+    channels = 1 if image.ndim == 2 else int(image.shape[2])
+    return Checked((int(image.shape[1]), int(image.shape[0]), channels), "", decoded.warnings)

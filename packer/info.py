@@ -9,8 +9,34 @@ from typing import Any
 import numpy as np
 
 from packer.metadata import class_names, meta_problems, shard_disk_bytes
+from readers.columnar import COMPRESSIONS
 from readers.formats.layout import META_NAME
-from readers.index import load_index
+from readers.index import DatasetIndex, load_index
+
+
+def stored_sizes(index: DatasetIndex) -> dict[str, dict[str, int]]:
+    """Samples and stored bytes per stored form: the index's ``format``, with ``+lz4`` /
+    ``+zstd`` for compressed raw pixels (``raw+lz4``), whose entries also give
+    ``pixel_bytes``, the size of the pixels they decompress to."""
+    formats = np.asarray(index.extra["format"].to_pylist(), dtype=object)
+    codes = index.compression
+    names = formats.copy()
+    if codes is not None:
+        for code in np.unique(codes[codes > 0]).tolist():
+            names[codes == code] = [f"{f}+{COMPRESSIONS[code]}" for f in formats[codes == code]]
+    pixels = (
+        index.extra["width"].astype(np.int64)
+        * index.extra["height"].astype(np.int64)
+        * index.extra["channels"].astype(np.int64)
+    )
+    sizes: dict[str, dict[str, int]] = {}
+    for name in sorted(set(names.tolist())):
+        chosen = names == name
+        entry = {"samples": int(chosen.sum()), "bytes": int(index.nbytes[chosen].sum())}
+        if "+" in name:
+            entry["pixel_bytes"] = int(pixels[chosen].sum())
+        sizes[name] = entry
+    return sizes
 
 
 def describe(path: str | Path) -> dict[str, Any]:
@@ -45,6 +71,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         summary["height"] = [int(height.min()), int(height.max())]
         summary["channels"] = dict(sorted(Counter(map(int, index.extra["channels"])).items()))
         summary["image_formats"] = dict(sorted(Counter(index.extra["format"].to_pylist()).items()))
+        summary["stored"] = stored_sizes(index)
     classes = class_names(meta)
     ints = index.labels.as_ints()
     if ints is not None:
@@ -75,7 +102,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"height {s['height'][0]}..{s['height'][1]}, channels "
             + ", ".join(f"{k}: {v}" for k, v in s["channels"].items())
         )
-        lines.append("  formats:  " + ", ".join(f"{k} {v}" for k, v in s["image_formats"].items()))
+        lines.append("  stored:   " + ", ".join(_stored(k, v) for k, v in s["stored"].items()))
     lines.append(f"  labels:   from {s['label_source']}; skipped inputs: {s['num_errors']}")
     labels = s["labels"]
     if "kind" in labels:
@@ -96,6 +123,14 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("  problems (shown as unknown above; packer verify checks the rest):")
         lines.extend(f"    {p}" for p in s["meta_problems"])
     return "\n".join(lines)
+
+
+def _stored(name: str, entry: dict[str, int]) -> str:
+    """``png 11 (0.1 MB)``; compressed raw: ``raw+lz4 11 (0.1 MB, 32% of the pixels)``."""
+    text = f"{name} {entry['samples']} ({_mb(entry['bytes'])}"
+    if entry.get("pixel_bytes"):
+        text += f", {100 * entry['bytes'] / entry['pixel_bytes']:.0f}% of the pixels"
+    return text + ")"
 
 
 def _mb(nbytes: int | None) -> str:

@@ -112,6 +112,12 @@ def _some(paths: set[str]) -> str:
     return shown + (", ..." if len(paths) > 3 else "")
 
 
+OMITTED_DEFAULTS = {"compress": "none"}
+"""Options that meta.json records only when they differ from their default (so a build that
+does not use them is byte for byte what a packer without them built): the default stands
+for an absent key when two builds are compared."""
+
+
 def complete_differences(
     out: Path, meta: dict[str, Any], digest: str, options: dict[str, Any], entries: list[Entry]
 ) -> list[str]:
@@ -125,8 +131,8 @@ def complete_differences(
     """
     if meta.get("plan_digest") == digest:
         return []
-    old_options = dict(meta.get("options") or {})
-    new_options = _json_value(options)
+    old_options = {**OMITTED_DEFAULTS, **dict(meta.get("options") or {})}
+    new_options = {**OMITTED_DEFAULTS, **_json_value(options)}
     differences = [
         f"--{key.replace('_', '-')} is {old_options.get(key, '(not recorded)')!r} in OUT, "
         f"{new_options.get(key)!r} now"

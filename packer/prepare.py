@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from packer import problems as P
-from packer.decode_check import Decoded, decode_source
+from packer.decode_check import Checked, Decoded, check_source, decode_source
 from packer.job import ShardSettings
 from packer.probe import exif_orientation, image_size, is_truncated, probe_header
 from packer.problems import Note, Problem
@@ -80,6 +80,11 @@ def __getattr__(name: str) -> Any:
 def _decode_unchanged(data: bytes) -> Decoded:
     """`data` decoded as stored (`packer.decode_check`), sniffed again for its format."""
     return decode_source(data, sniff_format(data[:SNIFF_BYTES]) or "image")
+
+
+def _check_unchanged(data: bytes, fmt: str) -> Checked:
+    """`data` proven decodable as stored and measured (`packer.decode_check.check_source`)."""
+    return check_source(data, fmt)
 
 
 def _notes(
@@ -136,8 +141,10 @@ def prepare_record(
     """Read `path`, check it is an image we can store, and describe it.
 
     Without a transform the stored bytes are the original bytes.  With `decode_check` the
-    image is decoded once (as stored, without applying EXIF orientation) to prove it
-    decodable and to measure it; without, JPEG and PNG are measured from their headers only.
+    image is proven decodable as stored (without applying EXIF orientation) and measured, at
+    the least cost that proves it (`packer.decode_check.check_source`: a JPEG decoded at 1/8
+    scale, a PNG's stream inflated and checked, other formats decoded); without, JPEG and
+    PNG are measured from their headers only.
     A transform always decodes, then resizes and re-encodes as asked.  Either way an image
     whose header gives more than ``transform.max_pixels`` pixels is refused undecoded; the
     policies for unusual images are in this module's docstring.
@@ -185,9 +192,17 @@ def prepare_record(
             channels,
             zlib.crc32(stored),
             notes,
+            t.compression if stored_fmt == "raw" else None,
         )
-    dims = None if decode_check else probe_header(data, fmt)
     warnings: tuple[str, ...] = ()
+    dims: tuple[int, int, int] | None
+    if decode_check:
+        checked = _check_unchanged(data, fmt)
+        if checked.dims is None:
+            return Problem(rel, P.UNDECODABLE, checked.problem)
+        dims, warnings = checked.dims, checked.warnings
+    else:
+        dims = probe_header(data, fmt)
     if dims is None:
         decoded = _decode_unchanged(data)
         if decoded.image is None:
@@ -255,7 +270,18 @@ def prepare_entries(
 
 def _with_data(r: Record, data: bytes) -> Record:
     """`r` with other bytes (the constructor called directly: dataclasses.replace took 4 us)."""
-    return Record(r.rel, r.label, data, r.format, r.width, r.height, r.channels, r.crc32, r.notes)
+    return Record(
+        r.rel,
+        r.label,
+        data,
+        r.format,
+        r.width,
+        r.height,
+        r.channels,
+        r.crc32,
+        r.notes,
+        r.compression,
+    )
 
 
 def _prepare_batch(

@@ -10,17 +10,19 @@ _JPEG_SOF = frozenset(
 )
 # PNG colour type -> channels OpenCV's IMREAD_UNCHANGED returns (gray+alpha is expanded to
 # BGRA); with a tRNS chunk, RGB and palette images come back with alpha.
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
-_PNG_TRNS_CHANNELS = {0: 1, 2: 4, 3: 4, 4: 4, 6: 4}
+PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
+PNG_TRNS_CHANNELS = {0: 1, 2: 4, 3: 4, 4: 4, 6: 4}
 # JPEG components -> channels OpenCV returns (CMYK and YCCK are converted to BGR).
-_JPEG_CHANNELS = {1: 1, 3: 3, 4: 3}
+JPEG_CHANNELS = {1: 1, 3: 3, 4: 3}
 
 _EXIF_ORIENTATION_TAG = 0x0112
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 
 
-def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+def jpeg_frame(data: bytes) -> tuple[int, int, int, int] | None:
+    """Width, height, component count and sample precision (bits) from a JPEG's first frame
+    header (SOF), or None when no SOF is found before the data runs out."""
     pos = 2
     n = len(data)
     while pos + 4 <= n:
@@ -36,9 +38,14 @@ def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
         (length,) = _U16.unpack_from(data, pos + 2)
         if marker in _JPEG_SOF and pos + 10 <= n:
             height, width = struct.unpack_from(">HH", data, pos + 5)
-            return width, height, data[pos + 9]
+            return width, height, data[pos + 9], data[pos + 4]
         pos += 2 + length
     return None
+
+
+def _jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+    found = jpeg_frame(data)
+    return None if found is None else found[:3]
 
 
 def _png_size(data: bytes) -> tuple[int, int, int] | None:
@@ -47,7 +54,7 @@ def _png_size(data: bytes) -> tuple[int, int, int] | None:
         return None
     width, height = struct.unpack_from(">II", data, 16)
     color_type = data[25]
-    if color_type not in _PNG_CHANNELS:
+    if color_type not in PNG_CHANNELS:
         return None
     return width, height, color_type
 
@@ -74,7 +81,7 @@ def _png_header(data: bytes) -> tuple[int, int, int] | None:
     if found is None:
         return None
     width, height, color_type = found
-    table = _PNG_TRNS_CHANNELS if _png_find(data, b"tRNS") is not None else _PNG_CHANNELS
+    table = PNG_TRNS_CHANNELS if _png_find(data, b"tRNS") is not None else PNG_CHANNELS
     return width, height, table[color_type]
 
 
@@ -86,9 +93,9 @@ def probe_header(data: bytes, fmt: str) -> tuple[int, int, int] | None:
     """
     if fmt == "jpeg":
         found = _jpeg_header(data)
-        if found is None or found[2] not in _JPEG_CHANNELS:
+        if found is None or found[2] not in JPEG_CHANNELS:
             return None
-        return found[0], found[1], _JPEG_CHANNELS[found[2]]
+        return found[0], found[1], JPEG_CHANNELS[found[2]]
     if fmt == "png":
         return _png_header(data)
     return None

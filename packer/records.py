@@ -41,3 +41,4 @@ class Record:
     channels: int
     crc32: int
     notes: tuple[Note, ...] = ()  # packed with a caveat: one warnings.jsonl line each
+    compression: str | None = None  # of raw pixels (lz4, zstd): the index's compression

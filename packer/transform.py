@@ -1,5 +1,6 @@
-"""Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw) and ``--max-pixels``,
-and turning a stored grid upright by its EXIF orientation.
+"""Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw), ``--compress`` (of raw
+pixels: none, lz4, zstd) and ``--max-pixels``, and turning a stored grid upright by its EXIF
+orientation.
 
 OpenCV is imported by the functions that use it, not with the module: the main process of a
 parallel build only plans and merges, and its pool processes import OpenCV themselves while
@@ -13,10 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from readers.formats import lz4frame
+
 # PIL's decompression-bomb error threshold (2 x Image.MAX_IMAGE_PIXELS): ~13,400 x 13,400.
 DEFAULT_MAX_PIXELS = 178_956_970
 
 ENCODINGS = ("keep", "jpeg", "png", "raw")
+COMPRESSIONS = ("none", "lz4", "zstd")
+"""``--compress`` of raw pixels; the names are the index's ``compression`` (and pyarrow's
+codecs: ``lz4`` is the LZ4 frame format, which the ``lz4`` tool reads)."""
+_ZSTD_LEVEL = 3  # zstd's own default: 7 % smaller than level 1 on icons, as fast to decompress
 _SIZE_SPEC = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
 
 
@@ -30,6 +37,8 @@ class Transform:
     ``jpeg``/``png`` re-encode, ``raw`` stores decoded pixels (uint8, RGB/gray/RGBA order).
     ``max_pixels``: images whose header gives more pixels (width x height) are refused before
     they are decoded (``too_many_pixels``); None for no limit but OpenCV's own.
+    ``compress``: ``none``, or the codec (``lz4``, ``zstd``) that squeezes raw pixels; only
+    with ``encode="raw"``.
     """
 
     short: int | None = None
@@ -37,10 +46,20 @@ class Transform:
     encode: str = "keep"
     quality: int = 95
     max_pixels: int | None = DEFAULT_MAX_PIXELS
+    compress: str = "none"
 
     def __post_init__(self) -> None:
         if self.encode not in ENCODINGS:
             raise ValueError(f"--encode {self.encode!r}: expected one of {', '.join(ENCODINGS)}")
+        if self.compress not in COMPRESSIONS:
+            raise ValueError(
+                f"--compress {self.compress!r}: expected one of {', '.join(COMPRESSIONS)}"
+            )
+        if self.compress != "none" and self.encode != "raw":
+            raise ValueError(
+                f"--compress {self.compress} compresses raw pixels, but --encode is "
+                f"{self.encode}: add --encode raw, or drop --compress"
+            )
         if not 1 <= self.quality <= 100:
             raise ValueError(f"--quality {self.quality}: expected 1..100")
         if self.max_pixels is not None and self.max_pixels < 1:
@@ -51,18 +70,31 @@ class Transform:
         """Whether the stored bytes are the original bytes (``max_pixels`` only refuses)."""
         return self.short is None and self.fit is None and self.encode == "keep"
 
+    @property
+    def compression(self) -> str | None:
+        """The index's ``compression`` of the records this transform stores (None: absent)."""
+        return None if self.compress == "none" else self.compress
+
     def options(self) -> dict[str, Any]:
+        """The transform's build options, as meta.json records them.
+
+        ``compress`` is recorded only when it compresses, so that a build without it stays
+        byte for byte the build of a packer that had no such option.
+        """
         resize = None
         if self.short is not None:
             resize = str(self.short)
         elif self.fit is not None:
             resize = f"{self.fit[0]}x{self.fit[1]}"
-        return {
+        options: dict[str, Any] = {
             "resize": resize,
             "encode": self.encode,
             "quality": self.quality,
             "max_pixels": self.max_pixels,
         }
+        if self.compression is not None:
+            options["compress"] = self.compression
+        return options
 
 
 def parse_resize(text: str | None) -> tuple[int | None, tuple[int, int] | None]:
@@ -102,10 +134,23 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
     return np.clip(scaled, 0, 255).astype(np.uint8)
 
 
+def compress_pixels(raw: bytes, compression: str) -> bytes:
+    """Raw pixels squeezed by `compression` with pyarrow's codecs, which
+    ``readers.decode.decompress`` undoes: ``zstd``, or ``lz4`` (an LZ4 frame whose header gives
+    the size of the pixels: `readers.formats.lz4frame`)."""
+    import pyarrow as pa
+
+    if compression == "zstd":
+        return bytes(pa.Codec("zstd", _ZSTD_LEVEL).compress(raw, asbytes=True))
+    frame = bytes(pa.Codec(compression).compress(raw, asbytes=True))
+    return lz4frame.with_content_size(frame, len(raw))
+
+
 def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, str, np.ndarray]:
     """Resize and re-encode a decoded image (OpenCV's BGR order, any depth).
 
-    Returns the bytes to store, their format, and the stored image (for its dimensions).
+    Returns the bytes to store (raw pixels compressed as ``t.compress`` says), their format,
+    and the stored image (for its dimensions).
     """
     import cv2  # imported where images are decoded (see packer.prepare)
 
@@ -122,7 +167,10 @@ def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, s
             pixels = cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
         elif pixels.ndim == 3 and pixels.shape[2] == 4:
             pixels = cv2.cvtColor(pixels, cv2.COLOR_BGRA2RGBA)
-        return np.ascontiguousarray(pixels).tobytes(), "raw", pixels
+        raw = np.ascontiguousarray(pixels).tobytes()
+        if t.compression is not None:
+            raw = compress_pixels(raw, t.compression)
+        return raw, "raw", pixels
     if target == "jpeg":
         pixels = _to_uint8(image)
         if pixels.ndim == 3 and pixels.shape[2] == 4:  # JPEG has no alpha: dropped

@@ -7,6 +7,8 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
+from readers.formats import lz4frame
+
 DecodeMode = Literal["rgb", "bgr", "gray", "unchanged", "bytes"]
 DECODE_MODES: tuple[str, ...] = ("rgb", "bgr", "gray", "unchanged", "bytes")
 
@@ -119,15 +121,28 @@ def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: in
     """The raw pixels of a record stored with ``compression`` (``lz4``, ``zstd``: the index's
     field; pyarrow's codecs), which must come to `size` bytes.
 
+    A zstd frame gives its content size, which the codec checks; so does the LZ4 frame of a
+    ``packer build`` (`readers.formats.lz4frame`), whose size is compared first; an LZ4 frame
+    without one is read to its end to learn its size (slower).
+
     Raises:
         ValueError: the bytes do not decompress, or not to `size` bytes.
     """
     import pyarrow as pa
 
     try:
+        if compression == "lz4":
+            declared = lz4frame.content_size(data)
+            if declared is None:  # not written by packer: its size is known once it is read
+                out = pa.input_stream(pa.py_buffer(data), compression="lz4").read()
+                declared = len(out)
+                if declared == size:
+                    return bytes(out)
+            if declared != size:
+                raise ValueError(f"the LZ4 frame holds {declared} bytes")
         out = pa.Codec(compression).decompress(data, decompressed_size=size, asbytes=True)
     except (pa.ArrowException, ValueError, OSError) as exc:
-        raise ValueError(f"cannot decompress {compression} ({exc})") from exc
+        raise ValueError(f"cannot decompress {compression} to {size} bytes ({exc})") from exc
     if len(out) != size:
         raise ValueError(f"{compression} gives {len(out)} bytes, expected {size}")
     return bytes(out)

@@ -7,8 +7,11 @@ in 10 class folders, warm page cache), side by side, median of several runs:
 - packer build --workers 1 and --workers N (default: all cores), with the decode check;
 - the same two with --shard-size S, so the tree forms several shards: with several workers,
   each worker process then writes whole shards (the shard task, as the Ray engine does);
-- packer build --no-decode-check --workers N, next to `tar -cf` of the same tree.
-Targets: issue 12: --workers 2 >= 1.5x baseline images/s (several shards); issue 6:
+- packer build --no-decode-check --workers N, next to `tar -cf` of the same tree;
+- in one process, per image of the tree: the full decode the decode check once was
+  (``decode_source``: OpenCV, IMREAD_UNCHANGED) and the check a build now makes
+  (``check_source``: JPEG at 1/8 scale, PNG by its inflated stream), by format.
+Targets: issue 12/17: --workers 2 >= 1.5x baseline images/s (several shards); issue 6:
 --no-decode-check <= 1.5x tar's time.  Ratios are of medians of runs interleaved in one
 process, so load from other work on the machine hits every case alike.
 """
@@ -56,6 +59,30 @@ def baseline(src: Path, out: Path) -> int:
     txn.commit()
     env.close()
     return n
+
+
+def check_costs(src: Path, runs: int) -> dict[str, tuple[float, float]]:
+    """Per format: (full decode, decode check) microseconds per image, medians of `runs`."""
+    from packer.decode_check import check_source, decode_source
+    from readers.formats.images import sniff_format
+
+    files: dict[str, list[bytes]] = {}
+    for path in sorted(src.rglob("*.*")):
+        data = path.read_bytes()
+        fmt = sniff_format(data[:32])
+        if fmt is not None:
+            files.setdefault(fmt, []).append(data)
+    costs = {}
+    for fmt, blobs in files.items():
+        full, cheap = [], []
+        for _ in range(runs):
+            for fn, times in ((decode_source, full), (check_source, cheap)):
+                start = time.perf_counter()
+                for data in blobs:
+                    fn(data, fmt)
+                times.append((time.perf_counter() - start) / len(blobs) * 1e6)
+        costs[fmt] = (statistics.median(full), statistics.median(cheap))
+    return costs
 
 
 def _cpu() -> float:
@@ -133,6 +160,7 @@ def main() -> None:
                 wall, cpu = timed(fn)
                 times[name].append(wall)
                 cpus[name].append(cpu)
+        costs = check_costs(src, args.runs)
         med = {k: statistics.median(v) for k, v in times.items()}
         base_rate = n / med["baseline (decode, commit every 1000)"]
         one_rate = n / med["packer --workers 1"]
@@ -160,6 +188,13 @@ def main() -> None:
             f"- --no-decode-check vs tar -cf: {nodec / med['tar -cf']:.2f}x the time "
             "(target <= 1.5x)",
         ]
+        lines += [
+            "",
+            "| one process, per image | full decode (us) | decode check (us) | cheaper |",
+            "|---|---|---|---|",
+        ]
+        for fmt, (full, cheap) in sorted(costs.items()):
+            lines.append(f"| {fmt.upper()} | {full:.0f} | {cheap:.0f} | {full / cheap:.2f}x |")
         text = "\n".join(lines)
         print(text)
         if args.out:

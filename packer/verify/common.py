@@ -16,7 +16,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from readers.decode import decode_sample
+from readers.columnar import COMPRESSIONS
+from readers.decode import decode_sample, decompress
 from readers.errors import DatasetFormatError
 from readers.files import DATASET_FILES, describe_mode, open_regular
 from readers.formats.base import ShardFormat
@@ -167,8 +168,24 @@ def shard_rows(root: Path, meta: dict[str, Any], bounds: list[int], report: Repo
         yield shard, row
 
 
+def _compression_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with the row's ``compression`` (of raw pixels only), or None."""
+    if "compression" not in row:
+        return None
+    compression = row["compression"]
+    if compression not in COMPRESSIONS[1:]:
+        return f"compression is {compression!r}, expected one of {', '.join(COMPRESSIONS[1:])}"
+    if row.get("format") != "raw":
+        return f"compression is {compression!r} on a {row.get('format')!r} record (raw only)"
+    return None
+
+
 def check_stored(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
-    """The stored bytes of a sample have the size and CRC-32 its index row gives."""
+    """The stored bytes of a sample have the size and CRC-32 its index row gives, and its
+    ``compression``, if any, is one readers undo."""
+    problem = _compression_problem(row)
+    if problem is not None:
+        report(f"{where}: {problem}")
     if len(data) != row.get("nbytes"):
         report(f"{where}: {len(data)} bytes stored, the index says {row.get('nbytes')}")
     crc = zlib.crc32(data)
@@ -186,7 +203,17 @@ def _int(value: Any) -> int:
 def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, int]:
     """The stored bytes decoded as readers do: ``(width, height, channels)`` as stored
     (``decode="unchanged"``), or why they do not decode, as stored or with the default
-    ``decode="rgb"`` that a reader uses unless told otherwise."""
+    ``decode="rgb"`` that a reader uses unless told otherwise.  Compressed raw pixels are
+    decompressed first, to the size the row's dimensions give."""
+    height, width, channels = (_int(row.get(k)) for k in ("height", "width", "channels"))
+    if "compression" in row:
+        problem = _compression_problem(row)
+        if problem is not None:
+            return problem
+        try:
+            data = decompress(data, row["compression"], height * width * channels)
+        except ValueError as exc:
+            return str(exc)  # cannot decompress <codec> to <size> bytes (why)
     dims = None
     for mode in ("unchanged", "rgb"):
         try:
@@ -194,9 +221,9 @@ def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, i
                 data,
                 mode,
                 stored=str(row.get("format") or ""),
-                height=_int(row.get("height")),
-                width=_int(row.get("width")),
-                channels=_int(row.get("channels")),
+                height=height,
+                width=width,
+                channels=channels,
             )
         except (ValueError, cv2.error):
             if dims is None:

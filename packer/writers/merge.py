@@ -26,17 +26,20 @@ from readers.durable import fsync_path
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, shard_name
 
 # index.parquet: a part's columns plus the global id and the shard number
-PARQUET_SCHEMA = PART_SCHEMA.insert(0, pa.field("id", pa.int64())).insert(
+COMPRESSED_SCHEMA = PART_SCHEMA.insert(0, pa.field("id", pa.int64())).insert(
     4, pa.field("shard", pa.int32())
 )
+# ... and without ``compression`` when nothing is compressed (as before there was any)
+PARQUET_SCHEMA = COMPRESSED_SCHEMA.remove(COMPRESSED_SCHEMA.get_field_index("compression"))
 _ROW_GROUP = 65536
 
 
 class IndexWriter:
     """Writes ``index.jsonl`` and ``index.parquet`` a shard part at a time."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, compressed: bool = False) -> None:
         self.root = root
+        self.schema = COMPRESSED_SCHEMA if compressed else PARQUET_SCHEMA
         self.num_samples = 0
         self.payload_bytes = 0
         self.label_kinds: set[str] = set()
@@ -44,7 +47,7 @@ class IndexWriter:
         self._hash = hashlib.sha256()
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._parquet = pq.ParquetWriter(root / INDEX_COLUMNAR_NAME, PARQUET_SCHEMA)
+        self._parquet = pq.ParquetWriter(root / INDEX_COLUMNAR_NAME, self.schema)
 
     def add_part(
         self,
@@ -80,8 +83,10 @@ class IndexWriter:
             arrays["key"] = pa.array([str(first + j) for j in range(len(lines))], pa.string())
         # the part's columns have the index's types already: no cast (which would import
         # pyarrow.compute, 80 ms)
+        if self.schema is PARQUET_SCHEMA and arrays["compression"].null_count != len(lines):
+            raise ValueError(f"{rows}: compressed records in a build that compresses nothing")
         table = pa.Table.from_arrays(
-            [arrays[name] for name in PARQUET_SCHEMA.names], schema=PARQUET_SCHEMA
+            [arrays[name] for name in self.schema.names], schema=self.schema
         )
         self._pending.append(table)
         self._pending_rows += len(lines)
@@ -147,16 +152,21 @@ def _read_columns(path: Path) -> pa.Table:
 
 
 def merge_parts(
-    root: Path, numbers: list[int], *, shard_cls: type[ShardWriter] | None = None
+    root: Path,
+    numbers: list[int],
+    *,
+    shard_cls: type[ShardWriter] | None = None,
+    compressed: bool = False,
 ) -> MergeResult:
     """Turn the finished parts of planned shards `numbers` into the dataset's index.
 
     Shards that ended up empty (every input bad) are removed and the rest renamed so that
     shard names stay consecutive; sample ids are numbered in shard order.  A shard written
     with another first id than the one it gets (by a parallel writer) is renumbered by
-    ``shard_cls.renumber``, which must then be given.
+    ``shard_cls.renumber``, which must then be given.  `compressed`: the build compresses
+    raw pixels, so index.parquet has a ``compression`` column.
     """
-    index = IndexWriter(root)
+    index = IndexWriter(root, compressed=compressed)
     shards: list[dict[str, Any]] = []
     problems: list[Problem] = []
     notes: list[dict[str, Any]] = []

@@ -10,7 +10,8 @@ columns instead of encoding JSON again: ``shard-N.part.txt`` holds one line per 
 ``HEAD<TAB>KEY<TAB>OFFSET<TAB>TAIL`` (HEAD is ``"path":...,"label":...``, KEY the key as
 JSON, TAIL ``"nbytes":...,"crc32":...}``, all as in the final index line; a TAB cannot occur
 in JSON text), and
-``shard-N.part.arrow`` the shard's index.parquet columns.
+``shard-N.part.arrow`` the shard's index.parquet columns (with ``compression``, null for
+records stored uncompressed, which the merge leaves out of a build that compresses nothing).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from packer.writers.base import ShardWriter
 from readers.durable import fsync_path, write_durably
 from readers.formats.layout import shard_name
 
-PART_VERSION = 2
+PART_VERSION = 3
 """Of the side files; a marker of another version is not a finished part (it is rewritten)."""
 
 PART_SCHEMA = pa.schema(
@@ -44,6 +45,7 @@ PART_SCHEMA = pa.schema(
         ("height", pa.int32()),
         ("channels", pa.int32()),
         ("format", pa.string()),
+        ("compression", pa.string()),
         ("crc32", pa.uint32()),
     ]
 )
@@ -56,6 +58,7 @@ class IndexRow(NamedTuple):
 
     head: str  # '"path":...,"label":...'
     tail: str  # '"nbytes":...,"width":...,"height":...,"channels":...,"format":...,"crc32":...'
+    # ("compression":... before "crc32" when the record is compressed)
     label_json: str
     label_int: int | None
     label_kind: str  # none | int | json
@@ -74,7 +77,8 @@ def make_index_row(record: Record) -> IndexRow:
         f'"path":{_JSON.encode(record.rel)},"label":{label_json}',
         f'"nbytes":{len(record.data)},"width":{record.width},"height":{record.height},'
         f'"channels":{record.channels},"format":{_JSON.encode(record.format)},'
-        f'"crc32":{record.crc32}',
+        + ("" if record.compression is None else f'"compression":"{record.compression}",')
+        + f'"crc32":{record.crc32}',
         label_json,
         label_int,
         kind,
@@ -148,6 +152,7 @@ class ShardPart:
                 record.height,
                 record.channels,
                 record.format,
+                record.compression,
                 record.crc32,
             )
         )

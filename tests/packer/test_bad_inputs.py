@@ -373,6 +373,10 @@ def test_max_pixels_refuses_from_the_header_in_every_format(ext, monkeypatch):
     decoded: list[bytes] = []
     real = prepare_module._decode_unchanged
     monkeypatch.setattr(prepare_module, "_decode_unchanged", lambda d: decoded.append(d) or real(d))
+    check = prepare_module._check_unchanged
+    monkeypatch.setattr(
+        prepare_module, "_check_unchanged", lambda d, f: decoded.append(d) or check(d, f)
+    )
     for transform in (Transform(max_pixels=199), Transform(max_pixels=199, encode="png")):
         item = prepare_bytes(f"a{ext}", data, transform=transform)
         assert isinstance(item, Problem)
@@ -545,12 +549,16 @@ def test_read_source_never_blocks_on_a_fifo(tmp_path):
     assert found.reason == "not_regular"
 
 
-def test_opencv_exceptions_are_undecodable(monkeypatch):
+@pytest.mark.parametrize("name", ["plain/ok.bmp", "plain/ok.jpg"])
+def test_opencv_exceptions_are_undecodable(monkeypatch, name):
+    """(A PNG is proven whole without OpenCV: packer.png_stream; the decode check of a BMP
+    decodes it, of a JPEG decodes it at 1/8 scale, then in full.)"""
+
     def boom(*_args: Any) -> None:
         raise cv2.error("bad header")
 
     monkeypatch.setattr(prepare_module.cv2, "imdecode", boom)
-    item = prepare_bytes("a.png", GOOD["plain/ok.png"])
+    item = prepare_bytes(name, GOOD[name])
     assert isinstance(item, Problem)
     assert item.reason == "undecodable"
 
