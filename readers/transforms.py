@@ -127,6 +127,21 @@ def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+def _cut(image: np.ndarray, box: tuple[int, int, int, int], scale: int) -> np.ndarray:
+    """The full-size `box` out of `image` decoded at ``1/scale``: a patch of the box's size
+    in reduced pixels, centred where the box's centre falls (sub-pixel, bilinear) where
+    OpenCV can (8-bit, 1 or 3 channels), else the box rounded to reduced pixels."""
+    top, left, h, w = box
+    size = (max(1, round(w / scale)), max(1, round(h / scale)))
+    channels = 1 if image.ndim == 2 else image.shape[2]
+    if image.dtype == np.uint8 and channels in (1, 3):
+        centre = ((left + w / 2) / scale - 0.5, (top + h / 2) / scale - 0.5)
+        patch = cv2.getRectSubPix(image, size, centre)
+        return patch if patch.ndim == image.ndim else patch[:, :, np.newaxis]
+    y0, x0 = round(top / scale), round(left / scale)
+    return image[y0 : y0 + size[1], x0 : x0 + size[0]]
+
+
 class RandomResizedCropDraft:
     """paddle.vision's ``RandomResizedCrop``, with the crop drawn before decoding.
 
@@ -245,11 +260,8 @@ class RandomResizedCropDraft:
         if scale == 1:  # what paddle's functional_cv2.crop + resize do
             cut = image[top : top + h, left : left + w]
             out = cv2.resize(cut, (out_w, out_h), None, 0, 0, flags)
-        elif self.interpolation == "area":  # no area warp: the box rounded to reduced pixels
-            y0, x0 = round(top / scale), round(left / scale)
-            y1 = min(image.shape[0], max(y0 + 1, round((top + h) / scale)))
-            x1 = min(image.shape[1], max(x0 + 1, round((left + w) / scale)))
-            out = cv2.resize(image[y0:y1, x0:x1], (out_w, out_h), None, 0, 0, flags)
+        elif self.interpolation == "area":  # no area warp: cut the box out, then resize
+            out = cv2.resize(_cut(image, plan.box, scale), (out_w, out_h), None, 0, 0, flags)
         else:
             # Output pixel x samples full-size x_f = left + (x + 0.5) * w / out_w - 0.5 (as
             # cv2.resize maps pixel centres); reduced pixel k covers full pixels
