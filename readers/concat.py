@@ -214,6 +214,8 @@ class StreamSources:
     decodes: tuple[str | None, ...]
     transforms: tuple[Callable[[Any], Any] | None, ...]
     single: bool
+    draft: Any = None
+    """The ``draft=`` the sources decode JPEGs at (`readers.draft`), or None."""
 
     def opened(
         self, decode: str | None, transform: Callable[[Any], Any] | None
@@ -245,6 +247,7 @@ def open_stream_sources(
     transform: Callable[[Any], Any] | None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    draft: Any = None,
 ) -> StreamSources:
     """Return what a stream reads from ``source``.
 
@@ -253,10 +256,12 @@ def open_stream_sources(
     concatenated.
     """
     kw: dict[str, Any] = {"decode": decode, "transform": transform}
-    kw |= {"cache_dir": cache_dir, "cache_limit": cache_limit}
+    kw |= {"cache_dir": cache_dir, "cache_limit": cache_limit, "draft": draft}
     if not isinstance(source, list | tuple | ConcatDataset):
         one = open_source(source, **kw)
-        return StreamSources(one.dataset, (one.decode,), (one.transform,), single=True)
+        return StreamSources(
+            one.dataset, (one.decode,), (one.transform,), single=True, draft=one.draft
+        )
     classes = "keep"
     if isinstance(source, ConcatDataset):
         classes, source = source.class_mode, source.datasets
@@ -266,4 +271,5 @@ def open_stream_sources(
         tuple(o.decode for o in opened),
         tuple(o.transform for o in opened),
         single=False,
+        draft=draft,
     )

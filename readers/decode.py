@@ -7,6 +7,7 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
+from readers.draft import Draft, choose_scale
 from readers.formats import lz4frame
 
 DecodeMode = Literal["rgb", "bgr", "gray", "unchanged", "bytes"]
@@ -17,6 +18,26 @@ _FLAGS = {
     "bgr": cv2.IMREAD_COLOR,
     "gray": cv2.IMREAD_GRAYSCALE,
     "unchanged": cv2.IMREAD_UNCHANGED,
+}
+
+_SCALE_BITS = {  # IMREAD_REDUCED_GRAYSCALE_s is the scale's bits alone
+    2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
+    4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
+    8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
+}
+_REDUCED_FLAGS = {
+    # (mode, scale) -> OpenCV flags decoding a JPEG at 1/scale (libjpeg's DCT scaling). With
+    # these OpenCV applies the EXIF orientation as with IMREAD_COLOR / IMREAD_GRAYSCALE.
+    # IMREAD_UNCHANGED has no reduced form; on a JPEG it is ANYCOLOR | ANYDEPTH without the
+    # orientation (the stored grid, channels as stored), which the scale bits combine with.
+    (mode, scale): bits | base
+    for scale, bits in _SCALE_BITS.items()
+    for mode, base in (
+        ("rgb", cv2.IMREAD_COLOR),
+        ("bgr", cv2.IMREAD_COLOR),
+        ("gray", cv2.IMREAD_GRAYSCALE),
+        ("unchanged", cv2.IMREAD_ANYCOLOR | cv2.IMREAD_ANYDEPTH | cv2.IMREAD_IGNORE_ORIENTATION),
+    )
 }
 
 
@@ -64,21 +85,32 @@ def decode_raw(
     return converted if converted.ndim == 3 else converted[:, :, np.newaxis]
 
 
-def decode_image(data: bytes | memoryview | np.ndarray, mode: str = "rgb") -> np.ndarray:
+def decode_image(
+    data: bytes | memoryview | np.ndarray, mode: str = "rgb", *, scale: int = 1
+) -> np.ndarray:
     """Decode an encoded image.
 
     Args:
         data: the encoded bytes (JPEG, PNG, ... anything OpenCV reads).
         mode: ``rgb`` / ``bgr`` give HxWx3 uint8; ``gray`` gives HxWx1 uint8; ``unchanged``
             gives the stored channels and depth (HxWxC, C in 1..4, uint8 or uint16).
+        scale: 2, 4 or 8 decode a JPEG at that reduction (``ceil(H / scale) x
+            ceil(W / scale)``, libjpeg's DCT scaling); only for JPEG bytes (OpenCV would
+            decode any other format fully and resize it). 1 (default): full size.
 
     Raises:
-        ValueError: the bytes do not decode.
+        ValueError: the bytes do not decode, or `scale` is not 1, 2, 4 or 8.
     """
     buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     if buf.size == 0:
         raise ValueError("empty image bytes")
-    image = cv2.imdecode(buf, _FLAGS[mode])
+    if scale == 1:
+        flags = _FLAGS[mode]
+    elif (mode, scale) in _REDUCED_FLAGS:
+        flags = _REDUCED_FLAGS[mode, scale]
+    else:
+        raise ValueError(f"scale={scale!r}: expected 1, 2, 4 or 8")
+    image = cv2.imdecode(buf, flags)
     if image is None:
         raise ValueError("OpenCV could not decode the bytes")
     if image.ndim == 2:
@@ -96,6 +128,8 @@ def decode_sample(
     height: int = 0,
     width: int = 0,
     channels: int = 0,
+    draft: Draft | None = None,
+    scale: int = 1,
 ) -> Any:
     """The one decode path for a stored sample: datasets, streams, verify and bench use it.
 
@@ -106,15 +140,30 @@ def decode_sample(
         stored: the sample's index ``format``; ``raw`` means pixels written by
             ``packer build --encode raw``, which are reshaped with `height`, `width` and
             `channels` instead of decoded; anything else is decoded with OpenCV.
+        height, width: the index's (stored) size of the sample; raw pixels need them, and
+            so does `draft`.
+        draft: ``S`` (shorter side) or ``(H, W)``: a JPEG (``stored="jpeg"``) of known
+            `height` and `width` is decoded at the largest DCT reduction (1/8, 1/4, 1/2)
+            that keeps the returned image at least that large (`readers.draft`); anything
+            else, and None (default), decodes at full size.
+        scale: decode a JPEG at this reduction (2, 4, 8) chosen by the caller (a crop planned
+            before decoding, `readers.transforms`); overrides `draft`. Ignored unless
+            ``stored="jpeg"``.
 
     Raises:
         ValueError: the bytes do not decode (or raw bytes do not match the dimensions).
+
+    Example: what ``draft=256`` does to one stored JPEG of the index's size ``h x w``::
+
+        decode_sample(data, "rgb", stored="jpeg", height=h, width=w, draft=256)
     """
     if mode == "bytes":
         return bytes(data)
     if stored == "raw":
         return decode_raw(data, height, width, channels, mode)
-    return decode_image(data, mode)
+    if stored == "jpeg" and scale == 1 and draft is not None and height > 0 and width > 0:
+        scale = choose_scale(data, height, width, mode, draft)
+    return decode_image(data, mode, scale=scale if stored == "jpeg" else 1)
 
 
 def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: int) -> bytes:

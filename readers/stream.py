@@ -151,6 +151,9 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             is a dataset.
         decode: ``rgb``, ``bgr``, ``gray``, ``unchanged`` or ``bytes``. Default: the
             dataset's own, if ``source`` is a dataset, else ``rgb``.
+        draft: ``S`` (shorter side) or ``(H, W)``: decode JPEGs at the largest DCT reduction
+            that keeps them at least that large, as the datasets' ``draft=``. Default: the
+            dataset's own, if ``source`` is a dataset, else None (full size).
         chunk_size: Neighbouring samples per chunk of the global order; default (None): as
             the samplers choose it, about ``CHUNK_BYTES`` (1 MiB) of stored bytes by the
             dataset's index, 64 to 4096 samples (64 without an index). The value used is
@@ -177,6 +180,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         *,
         transform: Callable[[Any], Any] | None = None,
         decode: str | None = None,
+        draft: int | tuple[int, int] | None = None,
         chunk_size: int | None = None,
         shuffle: bool = True,
         shuffle_buffer: int | None = None,
@@ -196,9 +200,15 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             check_nonneg("shuffle_buffer", shuffle_buffer, 1)
         check_nonneg("seed", seed)
         self._input = open_stream_sources(
-            source, decode=decode, transform=transform, cache_dir=cache_dir, cache_limit=cache_limit
+            source,
+            decode=decode,
+            transform=transform,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            draft=draft,
         )
         self.dataset, self.decode, self.transform = self._input.opened(decode, transform)
+        self.draft = self._input.draft
         self._bounds = dataset_bounds(self.dataset)
         self._mix, size, count = _order_size(self.dataset, chunk_size, weights, epoch_samples)
         self._setup_epochs(

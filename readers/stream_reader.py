@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from readers.decode import check_mode, decode_sample
+from readers.draft import Draft, check_draft
 from readers.errors import RecordError
 from readers.order import IntArray, sequential_runs
+from readers.transforms import is_planner, run_transform
 
 __all__ = ["RunReader", "StreamSource", "finish_item", "open_source", "serve"]
 
@@ -28,6 +30,7 @@ class StreamSource:
     dataset: Any
     decode: str | None  # None: not a packed dataset, items pass through
     transform: Callable[[Any], Any] | None
+    draft: Draft | None = None
 
 
 def open_source(
@@ -37,6 +40,7 @@ def open_source(
     transform: Callable[[Any], Any] | None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    draft: Any = None,
 ) -> StreamSource:
     """The dataset a stream reads from ``source``, with the decode mode and transform to use.
 
@@ -46,7 +50,10 @@ def open_source(
     without the original's handles), and its own decode and transform are the defaults; any
     other is read with ``ds[i]`` and its items pass through untouched (``decode`` None). With
     ``cache_dir`` a dataset directory is read from its node-local copy (``readers.staging``).
+    ``draft`` (default: a packed dataset's own) is set on the copy, which then decodes at
+    that draft; the index's sizes it needs are loaded here, once, before workers start.
     """
+    draft = check_draft(draft)
     if decode is not None:
         check_mode(decode)
     if cache_dir is not None:
@@ -66,16 +73,23 @@ def open_source(
     if packed and not opened:
         decode = dataset.decode if decode is None else decode
         transform = dataset.transform if transform is None else transform
+        draft = getattr(dataset, "draft", None) if draft is None else draft
         dataset = copy.copy(dataset)
         dataset.decode = "bytes"
         dataset.transform = None
-    elif not packed and (decode is not None or transform is not None):
+    elif not packed and (decode is not None or transform is not None or draft is not None):
         raise ValueError(
-            f"decode= and transform= apply to packed datasets (with .decode and "
+            f"decode=, transform= and draft= apply to packed datasets (with .decode and "
             f".transform); {type(dataset).__name__} has neither, so its items are yielded "
             "as they are: decode and transform in the dataset instead"
         )
-    return StreamSource(dataset, decode, transform)
+    if packed and hasattr(dataset, "draft"):
+        dataset.draft = draft
+        if (draft is not None or is_planner(transform)) and callable(
+            getattr(dataset, "draft_sizes", None)
+        ):
+            dataset.draft_sizes()  # in this process, so forked workers share them
+    return StreamSource(dataset, decode, transform, draft)
 
 
 def finish_item(
@@ -89,8 +103,9 @@ def finish_item(
     """``(image, label)`` of sample ``i`` from its stored record: decoded and transformed.
 
     The dataset knows how its samples are stored (raw pixels need the index's dimensions), so
-    its ``decode_stored`` decodes; a packed dataset without one stores encoded images.
-    ``decode`` None (a dataset that is not packed) returns ``item`` as it is.
+    its ``decode_stored`` decodes (at the dataset's ``draft``, and planned by `transform` when
+    that is a `readers.transforms.DecodePlanner`); a packed dataset without one stores
+    encoded images. ``decode`` None (a dataset that is not packed) returns ``item`` as it is.
     """
     if decode is None:
         return item
@@ -98,7 +113,9 @@ def finish_item(
     if decode != "bytes":
         decode_stored = getattr(dataset, "decode_stored", None)
         try:
-            if callable(decode_stored):
+            if callable(decode_stored) and is_planner(transform):
+                image = decode_stored(image, i, decode, planner=transform)
+            elif callable(decode_stored):
                 image = decode_stored(image, i, decode)
             else:
                 image = decode_sample(image, decode)
@@ -108,7 +125,7 @@ def finish_item(
                 f"cannot decode ({exc})"
             ) from exc
     if transform is not None:
-        image = transform(image)
+        image = run_transform(transform, image)
     return image, label
 
 

@@ -26,7 +26,8 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     Accepts a directory written by ``packer build`` (any registered format) or a bare copy of
     a registered format: a bare LMDB in the PaddleOCR layout, or a bare MXNet ``.rec`` (with
     its ``.idx``; the path of the ``.rec``, of the ``.idx``, their prefix, or a folder holding
-    one ``.rec``). Keyword arguments go to the dataset class.
+    one ``.rec``). Keyword arguments go to the dataset class (``transform``, ``decode``,
+    ``draft``, ``verify_crc``, ``on_error``, ``cache_dir``, ...).
 
     Raises:
         DatasetFormatError: `path` is none of these; the message says what was found.

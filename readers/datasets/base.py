@@ -22,6 +22,7 @@ import numpy as np
 import paddle
 
 from readers.decode import check_mode, decode_sample, decompress
+from readers.draft import Draft, DraftSizes, check_draft, returned_size
 from readers.errors import DatasetFormatError, DatasetRebuiltError, RecordError
 from readers.files import check_shard_files
 from readers.formats import REGISTRY
@@ -32,8 +33,15 @@ from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
 from readers.staging import stage
+from readers.transforms import PlannedImage, is_planner, run_transform
 
 ON_ERROR = ("raise", "skip")
+
+SIZE_COLUMNS = ("width", "height", "format")
+"""The index columns ``draft=`` and planned transforms need (`readers.draft.DraftSizes`)."""
+
+OWN_TRANSFORM: Any = object()
+"""`ShardedDataset.decode_stored`'s default planner: the dataset's own transform."""
 
 
 def advise_willneed(
@@ -62,15 +70,18 @@ def advise_willneed(
             continue
 
 
-def load_packed_index(root: Path, fmt: ShardFormat, meta: Any = None) -> DatasetIndex:
+def load_packed_index(
+    root: Path, fmt: ShardFormat, meta: Any = None, extra: tuple[str, ...] = ()
+) -> DatasetIndex:
     """The index of the packed dataset at `root`, which must be of format `fmt`.
 
-    Raw records are known from the index's ``format``, their dimensions loaded with it.
+    Raw records are known from the index's ``format``, their dimensions loaded with it;
+    the `extra` columns are loaded too.
 
     Raises:
         DatasetFormatError: the index does not load, or the dataset is of another format.
     """
-    index = load_index(root, meta=meta)
+    index = load_index(root, meta=meta, extra=extra)
     if index.format != fmt.name:
         other = REGISTRY.get(index.format)
         use = other.dataset_name if other is not None else "the matching dataset class"
@@ -80,12 +91,14 @@ def load_packed_index(root: Path, fmt: ShardFormat, meta: Any = None) -> Dataset
     return index
 
 
-def load_pinned_index(root: Path, fmt: ShardFormat) -> tuple[DatasetIndex, DatasetIdentity]:
+def load_pinned_index(
+    root: Path, fmt: ShardFormat, extra: tuple[str, ...] = ()
+) -> tuple[DatasetIndex, DatasetIdentity]:
     """`load_packed_index`, and the identity of the build that index belongs to."""
     for attempt in range(2):  # the identity is of the meta.json the index was read with
         identity = identify_dataset(root)
         meta = meta_read(root, identity.meta)  # as open_dataset read it, if it did
-        index = load_packed_index(root, fmt, meta)
+        index = load_packed_index(root, fmt, meta, extra)
         try:
             identity.check_meta()
             break
@@ -93,6 +106,20 @@ def load_pinned_index(root: Path, fmt: ShardFormat) -> tuple[DatasetIndex, Datas
             if attempt:
                 raise
     return index, identity
+
+
+def take_sizes(index: DatasetIndex) -> DraftSizes:
+    """Return `DraftSizes` from an index loaded with `SIZE_COLUMNS`.
+
+    The index's wide copies of those columns are then dropped (the dimensions of raw records
+    stay where ``raw_dims`` needs them).
+    """
+    extra = index.extra
+    sizes = DraftSizes.from_columns(extra["format"], extra["height"], extra["width"])
+    del extra["format"]
+    if index.raw is None:
+        del extra["width"], extra["height"]
+    return sizes
 
 
 class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
@@ -105,9 +132,18 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     Args:
         path: the dataset directory written by ``packer build``, or a bare copy of the format.
-        transform: applied to the decoded image.
+        transform: applied to the decoded image. A transform that plans before decoding
+            (``plan`` and ``apply``, `readers.transforms.DecodePlanner`, such as
+            `readers.transforms.RandomResizedCropDraft`) is given each JPEG's size from the
+            index first and the JPEG is decoded at the reduction it chose.
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
+        draft: ``S`` (the shorter side) or ``(H, W)``: JPEGs (by the index's ``format``) are
+            decoded at the largest DCT reduction (1/8, 1/4, 1/2) that keeps them at least that
+            large, by the index's width and height (`readers.draft`); other formats, images
+            already smaller, datasets without an index and ``decode="bytes"`` are as without
+            it. The size is of the image as returned (after EXIF orientation; ``unchanged``:
+            the stored grid). None (default): every image at full size, as before.
         verify_crc: check each record's CRC-32 against the index on read.
         on_error: ``raise`` (default): a sample that cannot be read, decoded or checked
             raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
@@ -137,8 +173,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         on_error: str = "raise",
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        draft: Draft | None = None,
     ) -> None:
         check_mode(decode)
+        self.draft = check_draft(draft)
         if cache_dir is not None:  # read a node-local copy (readers.staging)
             path = stage(path, cache_dir, cache_limit=cache_limit)
         if on_error not in ON_ERROR:
@@ -158,6 +196,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self._shard_paths: list[str] = []
         self._raw_dims: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._shards = handles.ShardHandles()
+        self._sizes: DraftSizes | None = None
         self.identity: DatasetIdentity | None = None
         """The build opened (packed datasets): shards opened later are checked against it."""
         self._ahead = Readahead()  # hints ahead of (nearly) increasing reads, per process
@@ -169,10 +208,13 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     # --- opening ---------------------------------------------------------------------------
 
     def _load_packed(self) -> DatasetIndex:
-        index, identity = load_pinned_index(self.root, self.shard_format)
+        extra = SIZE_COLUMNS if self._needs_sizes() else ()
+        index, identity = load_pinned_index(self.root, self.shard_format, extra)
         check_shard_files(self.root, self.shard_format, index.shard_names)
         self.index, self.identity = index, identity
         self._raw_dims = index.raw_dims()
+        if "format" in index.extra:
+            self._sizes = take_sizes(index)
         self.shard_bounds = index.shard_bounds
         return index
 
@@ -193,19 +235,60 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     # --- decoding --------------------------------------------------------------------------
 
-    def decode_stored(self, data: Any, i: int, mode: str | None = None) -> Any:
+    def _needs_sizes(self) -> bool:
+        """Whether reads need the index's sizes (``draft=`` or a planned transform)."""
+        return self.draft is not None or is_planner(self.transform)
+
+    def draft_sizes(self) -> DraftSizes | None:
+        """Return, per sample, JPEG or not and stored size (for ``draft=``); None: no index.
+
+        Loaded with the index when opened with a draft or a planned transform, else once.
+        """
+        if self._sizes is None and self.index is not None:
+            index = load_index(self.root, extra=SIZE_COLUMNS, meta=self.index.meta)
+            if len(index) != len(self.index):
+                raise DatasetRebuiltError.of(str(self.root), "the index changed")
+            self._sizes = take_sizes(index)
+        return self._sizes
+
+    def decode_stored(
+        self, data: Any, i: int, mode: str | None = None, *, planner: Any = OWN_TRANSFORM
+    ) -> Any:
         """Decode the stored bytes `data` of sample `i` as `mode` (default: ``self.decode``).
 
-        Raw pixels (``--encode raw``) are included.
+        Raw pixels (``--encode raw``) are included; JPEGs decode at the reduction
+        ``self.draft`` allows.
+
+        With a `planner` (default: ``self.transform`` when it is one, see
+        `readers.transforms`), a JPEG of known size is planned for first and comes back as
+        a `readers.transforms.PlannedImage` for ``planner.apply`` (`run_transform` does it).
 
         Raises:
             ValueError: the bytes do not decode.
         """
         mode = self.decode if mode is None else mode
         index = self.index
+        if planner is OWN_TRANSFORM:
+            planner = self.transform
         try:
             if self._raw_dims is None or index is None or index.raw is None or not index.raw[i]:
-                return decode_sample(data, mode)
+                if mode == "bytes" or index is None:
+                    return decode_sample(data, mode)
+                planned = is_planner(planner)
+                if not planned and self.draft is None:
+                    return decode_sample(data, mode)
+                sizes = self.draft_sizes()
+                stored = sizes.of(i) if sizes is not None else None
+                if stored is None:
+                    return decode_sample(data, mode)
+                if not planned:
+                    h, w = stored
+                    return decode_sample(
+                        data, mode, stored="jpeg", height=h, width=w, draft=self.draft
+                    )
+                plan = planner.plan(*returned_size(data, *stored, mode))
+                image = decode_sample(data, mode, stored="jpeg", scale=plan.scale)
+                return PlannedImage(image, plan)
             h, w, c = (int(column[i]) for column in self._raw_dims)
             if mode != "bytes" and index.compression is not None and index.compression[i]:
                 data = decompress(data, COMPRESSIONS[index.compression[i]], h * w * c)
@@ -336,7 +419,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
                 raise
             image, label = substitute_sample(self, n, exc)
         if self.transform is not None:
-            image = self.transform(image)
+            image = run_transform(self.transform, image)
         return image, label
 
 
