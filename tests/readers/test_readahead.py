@@ -20,6 +20,7 @@ from readers import open_dataset
 from readers.formats import FORMATS
 from readers.io import handles
 from readers.io.readahead import (
+    FIRST_WINDOW_BYTES,
     FileAhead,
     SequentialDetector,
     coalesce,
@@ -163,7 +164,7 @@ def test_bad_parameters() -> None:
 
 def test_detector_windows_follow_the_record_size() -> None:
     d = make_detector(5_000.0)
-    assert d.first_window == (512 << 10) // 5_000
+    assert d.first_window == FIRST_WINDOW_BYTES // 5_000
     assert d.max_window == (32 << 20) // 5_000
     big = make_detector(10e6)  # 10 MB records: still a few ids
     assert big.first_window >= 8
