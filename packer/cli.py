@@ -284,6 +284,16 @@ def bench(
         typer.Option("--shared-memory/--no-shared-memory", help="DataLoader use_shared_memory."),
     ] = True,
     prefetch_factor: Annotated[int, typer.Option(help="DataLoader prefetch_factor.")] = 2,
+    decode_samples: Annotated[
+        int,
+        typer.Option(
+            help="Samples to time decoding on, and what --encode raw --compress lz4 or "
+            "draft= would save (0 skips)."
+        ),
+    ] = 256,
+    draft: Annotated[
+        int, typer.Option(help="The shorter side draft= is costed at for JPEGs.")
+    ] = 256,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Loader throughput by num_workers through a real paddle.io.DataLoader, and the setting
@@ -303,6 +313,8 @@ def bench(
             compare=compare,
             shared_memory=shared_memory,
             prefetch_factor=prefetch_factor,
+            decode_samples=decode_samples,
+            draft=draft,
         )
         report = run_bench(cfg, log=None if as_json else lambda m: typer.echo(m, err=True))
     except (PackerError, ReaderError) as exc:

@@ -4,12 +4,15 @@ to use, and the warnings (shared memory, slow storage, oversubscribed cores) tha
 paddle is imported only when a measurement runs, so the storage helpers here stay cheap to
 import (``scripts/bench_read.py`` uses them too). :mod:`.batches` (transform presets, collate),
 :mod:`.loose` (the ``--compare`` baseline), :mod:`.system` (storage, shared memory, CPU time),
-:mod:`.measure` (one timed DataLoader setting), :mod:`.report` (all settings, the report).
+:mod:`.measure` (one timed DataLoader setting), :mod:`.decoding` (what decoding costs per
+sample, and what ``--encode raw --compress lz4`` or ``draft=`` would save), :mod:`.report` (all
+settings, the report).
 """
 
 from __future__ import annotations
 
 from packer.bench.batches import TRANSFORMS, collate, make_transform
+from packer.bench.decoding import DecodeReport, measure_decoding
 from packer.bench.loose import LooseFilesDataset
 from packer.bench.measure import (
     DEFAULT_SECONDS,
@@ -38,12 +41,14 @@ __all__ = [
     "BenchConfig",
     "BenchReport",
     "BenchRow",
+    "DecodeReport",
     "EndlessBatches",
     "LooseFilesDataset",
     "Storage",
     "collate",
     "cpu_seconds",
     "make_transform",
+    "measure_decoding",
     "measure_loader",
     "recommend",
     "run_bench",

@@ -44,6 +44,8 @@ class BenchConfig:
     shared_memory: bool = True
     prefetch_factor: int = 2
     seed: int = 0
+    decode_samples: int = 256
+    draft: int = 256
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -56,6 +58,10 @@ class BenchConfig:
             raise ConfigError(f"--seconds {self.seconds}: must be positive")
         if self.warmup is not None and self.warmup < 0:
             raise ConfigError(f"--warmup {self.warmup}: must be >= 0")
+        if self.decode_samples < 0:
+            raise ConfigError(f"--decode-samples {self.decode_samples}: must be >= 0 (0 skips)")
+        if self.draft < 1:
+            raise ConfigError(f"--draft {self.draft}: must be at least 1 (a shorter side)")
         if self.prefetch_factor < 1:
             raise ConfigError(f"--prefetch-factor {self.prefetch_factor}: must be at least 1")
         try:

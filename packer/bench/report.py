@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from packer.bench.batches import make_transform
+from packer.bench.decoding import DecodeReport, advise, measure_decoding
 from packer.bench.loose import LooseFilesDataset
 from packer.bench.measure import (
     EPOCH_RESTART_S,
@@ -40,6 +41,7 @@ class BenchReport:
     compare_src: str | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    decoding: DecodeReport | None = None
 
     @property
     def recommended(self) -> BenchRow:
@@ -66,6 +68,7 @@ class BenchReport:
             "recommended_samples_per_s": rec.samples_per_s,
             "warnings": self.warnings,
             "notes": self.notes,
+            "decoding": None if self.decoding is None else self.decoding.as_dict(),
         }
 
     def json(self) -> str:
@@ -114,6 +117,8 @@ class BenchReport:
         ]
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"warning: {w}" for w in self.warnings]
+        if self.decoding is not None:
+            lines += ["", self.decoding.text()]
         return "\n".join(lines)
 
 
@@ -215,10 +220,50 @@ def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> 
         prefetch_factor=cfg.prefetch_factor,
     )
     report.warnings += storage_warnings(cfg.path, report.dataset_bytes)
+    if cfg.decode_samples:
+        say(f"timing decoding on {min(cfg.decode_samples, len(dataset))} samples")
+        report.decoding = decoding_section(cfg, dataset, rec)
     if cfg.compare is not None:
         report.warnings += [
             w.replace(str(cfg.compare), f"the loose files {cfg.compare}", 1)
             for w in storage_warnings(cfg.compare, 0)
             if storage_of(cfg.compare) != storage_of(cfg.path)
         ]
+    return report
+
+
+def sample_cpu_us(row: BenchRow) -> float | None:
+    """CPU microseconds per sample of a timed setting (the loader process and its workers);
+    without CPU counters, wall time times the processes that decode."""
+    if row.samples_per_s <= 0:
+        return None
+    if row.cpu_cores is not None:
+        return 1e6 * row.cpu_cores / row.samples_per_s
+    return 1e6 * max(1, row.num_workers) / row.samples_per_s
+
+
+def decoding_section(cfg: BenchConfig, dataset: Any, row: BenchRow) -> DecodeReport:
+    """The decode costs of `dataset` on a sample, against the CPU time per sample of `row`."""
+    from readers.formats.layout import META_NAME
+    from readers.index import load_index
+
+    if not (cfg.path / META_NAME).exists():
+        report = DecodeReport(samples=0, of=len(dataset), mode=cfg.decode, draft=cfg.draft)
+        report.note = f"no {META_NAME} (a bare dataset): the stored formats are not known"
+        return report
+    index = load_index(cfg.path, extra=("format", "width", "height"))
+    report = measure_decoding(
+        dataset, index, samples=cfg.decode_samples, draft=cfg.draft, seed=cfg.seed
+    )
+    report.sample_us = sample_cpu_us(row)
+    if report.formats:
+        report.recommendation = advise(
+            report.options, decode_us=report.decode_us, sample_us=report.sample_us
+        )
+        if report.sample_us is not None:
+            report.note = (
+                f"a sample takes {report.sample_us:,.0f} us of CPU at num_workers="
+                f"{row.num_workers} (the loader process and its workers); draft= is timed "
+                "with OpenCV's reduced-scale JPEG decode"
+            )
     return report

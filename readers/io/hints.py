@@ -19,6 +19,7 @@ __all__ = [
     "MAX_CHUNK_SIZE",
     "PREFETCH_BYTES",
     "ChunkHints",
+    "ids_within_bytes",
     "lookahead_samples",
     "mean_record_bytes",
     "resolve_chunk_size",
@@ -58,6 +59,23 @@ def mean_record_bytes(dataset: Any, default: float) -> float:
     """The mean stored size of `dataset`'s records (at least 1), or `default` without one."""
     found = stored_sizes(dataset)
     return default if found is None else max(1.0, found[0] / found[1])
+
+
+def ids_within_bytes(dataset: Any, start: int, nbytes: int, *, most: int) -> int | None:
+    """How many ids from `start` on hold `nbytes` stored bytes by ``dataset.index.nbytes`` (at
+    least 1, at most `most` and the ids left); None without such an index.
+
+    Reads at most `most` entries of the index (no cumulative column for the whole dataset:
+    that would cost 8 bytes per sample in every worker).
+    """
+    sizes = getattr(getattr(dataset, "index", None), "nbytes", None)
+    if sizes is None or len(sizes) != len(dataset):
+        return None
+    ahead = np.asarray(sizes[start : start + max(1, int(most))], dtype=np.int64)
+    if ahead.size == 0:
+        return None
+    reach = int(np.searchsorted(np.cumsum(ahead), nbytes, side="left")) + 1
+    return min(reach, int(ahead.size))
 
 
 def resolve_chunk_size(dataset: Any, chunk_size: int | None, ids: IntArray | None) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from readers.io import handles
-from readers.io.hints import mean_record_bytes
+from readers.io.hints import CHUNK_BYTES, ids_within_bytes, mean_record_bytes
 
 try:
     import fcntl
@@ -50,9 +50,12 @@ __all__ = [
     "willneed",
 ]
 
-FIRST_WINDOW_BYTES = 512 << 10
-"""The first read-ahead of a detected sequential run (the kernel starts at 128 KiB; records of
-a packed dataset are read in batches, so a larger first step pays)."""
+FIRST_WINDOW_BYTES = 8 * CHUNK_BYTES
+"""The first read-ahead of a detected sequential run, in stored bytes counted in the index
+from the run's next id: the bytes of the next 8 default chunks, what the chunked sampler hints
+ahead (a shuffle block). It was 512 KiB, doubling from there: a fresh DataLoader worker then
+waited on the disk while its window grew (on the emulated hard disk, a cold shuffle=False
+pass ran at 0.76x the warm one)."""
 MAX_WINDOW_BYTES = 32 << 20
 """The most bytes hinted ahead of the read position (larger hints stalled the reads of a
 100 MB/s disk for seconds: bench_orders.py --sweep)."""
@@ -85,6 +88,8 @@ class SequentialDetector:
         trigger: counted steps before the first hint.
         near: the longest step that counts toward `trigger` (a skipped bad sample, a sampler
             that leaves out a few ids).
+        first: the ids of a run's first hint given its first id (a dataset counts them from
+            its index's sizes); default `first_window`. Kept within ``[1, max_window]``.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class SequentialDetector:
         max_gap: int,
         trigger: int = 3,
         near: int = 2,
+        first: Callable[[int], int] | None = None,
     ) -> None:
         if not 1 <= first_window <= max_window:
             raise ValueError(
@@ -109,6 +115,7 @@ class SequentialDetector:
         self.max_gap = int(max_gap)
         self.trigger = int(trigger)
         self.near = int(near)
+        self.first = first
         self.reset()
 
     def reset(self) -> None:
@@ -138,6 +145,8 @@ class SequentialDetector:
             start = i + 1
             if self.frontier:  # the window was too short for the jumps: grow it
                 self.window = min(2 * self.window, self.max_window)
+            elif self.first is not None:  # a new run: its first window as the caller sizes it
+                self.window = min(self.max_window, max(1, int(self.first(start))))
         elif ahead <= self.window // 2:
             start = self.frontier
             self.window = min(2 * self.window, self.max_window)
@@ -150,15 +159,36 @@ class SequentialDetector:
         return start, stop
 
 
-def make_detector(mean_bytes: float) -> SequentialDetector:
-    """A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`."""
+def make_detector(
+    mean_bytes: float, *, first: Callable[[int], int] | None = None
+) -> SequentialDetector:
+    """A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`;
+    `first` sizes the first window of each run (`first_window_of` counts it in an index)."""
 
     def ids(nbytes: int, least: int) -> int:
         return max(least, int(nbytes / max(1.0, mean_bytes)))
 
-    first = ids(FIRST_WINDOW_BYTES, 8)
-    most = max(first, ids(MAX_WINDOW_BYTES, 8))
-    return SequentialDetector(first_window=first, max_window=most, max_gap=ids(MAX_GAP_BYTES, 64))
+    start = ids(FIRST_WINDOW_BYTES, 8)
+    most = max(start, ids(MAX_WINDOW_BYTES, 8))
+    return SequentialDetector(
+        first_window=min(start, most),
+        max_window=most,
+        max_gap=ids(MAX_GAP_BYTES, 64),
+        first=first,
+    )
+
+
+def first_window_of(dataset: Any, most: int) -> Callable[[int], int] | None:
+    """The first window of a run from id `start` of `dataset`: the ids whose stored bytes in
+    its index add up to `FIRST_WINDOW_BYTES` (at most `most`); None without an index."""
+    if ids_within_bytes(dataset, 0, 1, most=1) is None:
+        return None
+
+    def first(start: int) -> int:
+        found = ids_within_bytes(dataset, start, FIRST_WINDOW_BYTES, most=most)
+        return most if found is None else found
+
+    return first
 
 
 class Readahead:
@@ -200,7 +230,9 @@ class Readahead:
         try:
             self._this_process()
             if self._detector is None:
-                self._detector = make_detector(mean_record_bytes(dataset, DEFAULT_RECORD_BYTES))
+                mean = mean_record_bytes(dataset, DEFAULT_RECORD_BYTES)
+                self._detector = make_detector(mean)
+                self._detector.first = first_window_of(dataset, self._detector.max_window)
             if any(lo <= i < hi for lo, hi in self._explicit):
                 return
             found = self._detector.observe(i)

@@ -19,8 +19,11 @@ import pytest
 from readers import open_dataset
 from readers.formats import FORMATS
 from readers.io import handles
+from readers.io.hints import ids_within_bytes
 from readers.io.readahead import (
+    FIRST_WINDOW_BYTES,
     FileAhead,
+    Readahead,
     SequentialDetector,
     coalesce,
     hint_piece,
@@ -163,7 +166,7 @@ def test_bad_parameters() -> None:
 
 def test_detector_windows_follow_the_record_size() -> None:
     d = make_detector(5_000.0)
-    assert d.first_window == (512 << 10) // 5_000
+    assert d.first_window == FIRST_WINDOW_BYTES // 5_000
     assert d.max_window == (32 << 20) // 5_000
     big = make_detector(10e6)  # 10 MB records: still a few ids
     assert big.first_window >= 8
@@ -432,3 +435,85 @@ def _record_prefetch(ds: Any) -> list[tuple[int, int]]:
 
     ds.prefetch = logged
     return log
+
+
+# ------------------------------------------------------------------ first hints from the index
+
+
+def test_a_runs_first_window_is_what_the_caller_sizes() -> None:
+    d = SequentialDetector(first_window=8, max_window=640, max_gap=200, first=lambda s: 100 + s)
+    hints = run(d, range(2000))
+    assert hints[0] == (3, 4, 4 + 104)  # sized for its start, not first_window
+    assert [b - a for _, a, b in hints[1:3]] == [208, 416]  # and doubling from there
+    assert run(d, [0, 1, 2, 3])[0][1:] == (4, 108)  # a new run (backward step): sized again
+    capped = SequentialDetector(first_window=8, max_window=64, max_gap=200, first=lambda s: 10**6)
+    assert run(capped, range(10))[0][1:] == (4, 4 + 64)
+
+
+class Sized:
+    """A dataset stand-in: ``index.nbytes`` and ``prefetch`` calls logged (nothing read)."""
+
+    def __init__(self, nbytes: np.ndarray) -> None:
+        self.index = type("Index", (), {"nbytes": nbytes})()
+        self.calls: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.index.nbytes)
+
+    def prefetch(self, start: int, stop: int) -> None:
+        self.calls.append((start, stop))
+
+
+def test_the_first_hint_counts_the_next_records_bytes_in_the_index() -> None:
+    """100 records of 100 kB, then 20,000 of 1 kB: the first hint of a run holds about
+    FIRST_WINDOW_BYTES of the records it starts at, whatever the mean size (1.5 kB)."""
+    nbytes = np.concatenate([np.full(100, 100_000), np.full(20_000, 1_000)]).astype(np.uint32)
+    for begin in (0, 1_000):
+        ds = Sized(nbytes)
+        ahead = Readahead()
+        for i in range(begin, begin + 5):
+            ahead.note(i, ds)
+        start, stop = ds.calls[0]
+        assert start == begin + 4
+        hinted = int(nbytes[start:stop].sum(dtype=np.int64))
+        assert FIRST_WINDOW_BYTES <= hinted < FIRST_WINDOW_BYTES + int(nbytes[start])
+    assert ids_within_bytes(ds, 20_095, FIRST_WINDOW_BYTES, most=10**6) == 5  # the ids left
+    assert ids_within_bytes(object(), 0, 1, most=1) is None
+
+
+def test_a_fresh_process_hints_the_next_8_mib_at_once(big: Path) -> None:
+    """On a cold dataset of 1.5 MB, the first hint after 5 reads covers it to the end (it was
+    512 KiB, about the first 100 samples)."""
+    ds = open_dataset(big, decode="bytes")
+    cold(ds)
+    for i in range(5):
+        ds[i]
+    assert ds._ahead.hints == 1
+    whole = sum(-(-(e - b) // mmap.PAGESIZE) for _, b, e in ds._byte_ranges(0, 250, 300))
+    deadline = time.monotonic() + 5
+    while sample_pages(ds, 250, 300) < whole and time.monotonic() < deadline:
+        time.sleep(0.05)  # the hint's read is asynchronous
+    assert sample_pages(ds, 250, 300) >= whole, "the last samples were not in the first hint"
+
+
+class Frontier:
+    """A transform that reports how far its worker's read-ahead has hinted."""
+
+    def __init__(self) -> None:
+        self.ds: Any = None
+
+    def __call__(self, image: Any) -> np.ndarray:
+        detector = self.ds._ahead._detector
+        return np.asarray([0 if detector is None else detector.frontier], dtype=np.int64)
+
+
+def test_each_fresh_worker_hints_ahead_of_the_others_from_its_first_batch(big: Path) -> None:
+    import paddle
+
+    frontier = Frontier()
+    ds = open_dataset(big, decode="bytes", transform=frontier)
+    frontier.ds = ds
+    cold(ds)
+    loader = paddle.io.DataLoader(ds, batch_size=16, shuffle=False, num_workers=2)
+    firsts = [int(np.max(batch[0].numpy())) for _, batch in zip(range(2), loader, strict=False)]
+    assert firsts == [len(ds), len(ds)]  # worker 0's first batch and worker 1's
