@@ -106,10 +106,9 @@ def test_json_carries_the_measurements_and_the_advice(stored):
     )
 
 
-def test_a_draft_larger_than_the_images_changes_nothing(stored):
-    encode, out = stored
-    if encode == "png":
-        pytest.skip("no JPEG")
+@pytest.mark.parametrize("encode", ["keep", "jpeg"])  # both store JPEGs
+def test_a_draft_larger_than_the_images_changes_nothing(encode, source, tmp_path):
+    out = build(source, tmp_path / "out.lmdb", "--encode", encode)
     result = runner.invoke(app, ["bench", str(out), *FAST, "--workers", "0", "--json"])
     d = json.loads(result.stdout)["decoding"]
     (jpeg,) = [f for f in d["formats"] if f["stored"] == "jpeg"]
