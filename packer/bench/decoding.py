@@ -169,13 +169,10 @@ def advise(options: Sequence[DecodeOption], *, decode_us: float, sample_us: floa
 
 
 def draft_scale(width: int, height: int, draft: int) -> int:
-    """The DCT scale (1, 2, 4 or 8) ``draft=`` picks for a JPEG: the largest that keeps the
-    shorter side at least `draft` pixels."""
-    shorter = min(int(width), int(height))
-    for s in SCALES:
-        if math.ceil(shorter / s) >= draft:
-            return s
-    return 1
+    """Return the DCT scale (1, 2, 4 or 8) the readers' ``draft=`` picks for such a JPEG."""
+    from readers.draft import draft_scale as readers_draft_scale
+
+    return readers_draft_scale(int(height), int(width), int(draft))
 
 
 def _time_per_sample(work: Callable[[int], Any], count: int) -> float:
