@@ -26,7 +26,6 @@ MAX_GROWTH = 3.0
 ROUND_S = 0.5
 """A timing round over the sample longer than this is not repeated (large images)."""
 RAW_OPTION = "--encode raw --compress lz4"
-SCALES = (8, 4, 2)
 _REDUCED = {
     "color": {
         2: "IMREAD_REDUCED_COLOR_2",
