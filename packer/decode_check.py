@@ -77,7 +77,8 @@ class Decoded:
 class Checked:
     """What the build's decode check found: ``(width, height, channels)`` as OpenCV's
     ``IMREAD_UNCHANGED`` decodes the image (None: it cannot be packed, and why not), and the
-    decoder's caveats."""
+    decoder's caveats.
+    """
 
     dims: tuple[int, int, int] | None
     problem: str = ""
@@ -188,7 +189,8 @@ def decode_source(data: bytes, fmt: str) -> Decoded:
 
 def _reduced_jpeg(data: bytes) -> Checked | None:
     """The check of a JPEG by its 1/8-scale decode (this module's docstring), or None when
-    only a full decode can tell."""
+    only a full decode can tell.
+    """
     import cv2
 
     frame = jpeg_frame(data)

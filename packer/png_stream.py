@@ -68,7 +68,8 @@ def _rows(width: int, height: int, bits: int, interlaced: bool) -> list[tuple[in
 
 def _chunks(data: bytes) -> tuple[bytes, bytes | None, bytes | None, list[memoryview]] | None:
     """IHDR, PLTE, tRNS and the IDAT bodies of a PNG whose chunks are all in order with
-    matching CRCs, up to IEND; None otherwise."""
+    matching CRCs, up to IEND; None otherwise.
+    """
     view = memoryview(data)
     n = len(data)
     unpack = _U32.unpack_from

@@ -4,7 +4,8 @@ orientation.
 
 OpenCV is imported by the functions that use it, not with the module: the main process of a
 parallel build only plans and merges, and its pool processes import OpenCV themselves while
-it scans (`packer.engines.local.start_pool`)."""
+it scans (`packer.engines.local.start_pool`).
+"""
 
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
 def compress_pixels(raw: bytes, compression: str) -> bytes:
     """Raw pixels squeezed by `compression` with pyarrow's codecs, which
     ``readers.decode.decompress`` undoes: ``zstd``, or ``lz4`` (an LZ4 frame whose header gives
-    the size of the pixels: `readers.formats.lz4frame`)."""
+    the size of the pixels: `readers.formats.lz4frame`).
+    """
     import pyarrow as pa
 
     if compression == "zstd":

@@ -65,7 +65,8 @@ def check_draft(draft: Any) -> Draft | None:
 
 def scaled_size(height: int, width: int, scale: int) -> tuple[int, int]:
     """``(height, width)`` of an image of `height` x `width` decoded at ``1/scale`` by
-    libjpeg: ``ceil(height / scale), ceil(width / scale)``."""
+    libjpeg: ``ceil(height / scale), ceil(width / scale)``.
+    """
     return -(-height // scale), -(-width // scale)
 
 
@@ -90,7 +91,8 @@ def draft_scale(height: int, width: int, draft: Draft | None) -> int:
 
 def crop_scale(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
     """The largest reduction (8, 4, 2) at which a crop of `box_height` x `box_width` pixels
-    of the full image still has at least `out_height` x `out_width` pixels; else 1."""
+    of the full image still has at least `out_height` x `out_width` pixels; else 1.
+    """
     for scale in DRAFT_SCALES:
         if box_height >= scale * out_height and box_width >= scale * out_width:
             return scale
@@ -147,7 +149,8 @@ def returned_size(
     data: bytes | memoryview | np.ndarray, height: int, width: int, mode: str
 ) -> tuple[int, int]:
     """``(height, width)`` of a JPEG of stored size `height` x `width` as `mode` returns it:
-    swapped for EXIF orientations 5-8 in the modes that apply the orientation."""
+    swapped for EXIF orientations 5-8 in the modes that apply the orientation.
+    """
     if mode in ORIENTED_MODES and jpeg_orientation(data) >= 5:
         return width, height
     return height, width
@@ -157,7 +160,8 @@ def choose_scale(
     data: bytes | memoryview | np.ndarray, height: int, width: int, mode: str, draft: Draft
 ) -> int:
     """`draft_scale` for a JPEG of stored size `height` x `width` decoded as `mode`; its
-    orientation is read only where it can change the answer (a ``(H, W)`` request, H != W)."""
+    orientation is read only where it can change the answer (a ``(H, W)`` request, H != W).
+    """
     if isinstance(draft, tuple) and draft[0] != draft[1]:
         height, width = returned_size(data, height, width, mode)
     return draft_scale(height, width, draft)
@@ -166,7 +170,8 @@ def choose_scale(
 @dataclass(frozen=True)
 class DraftSizes:
     """Per sample, from the index: whether its record is a JPEG, and its stored height and
-    width (what `draft_scale` and planned crops need; 5 bytes per sample)."""
+    width (what `draft_scale` and planned crops need; 5 bytes per sample).
+    """
 
     jpeg: np.ndarray  # bool
     height: np.ndarray  # uint16 (int32 for images over 65535 pixels a side)
@@ -175,7 +180,8 @@ class DraftSizes:
     @classmethod
     def from_columns(cls, fmt: Any, height: np.ndarray, width: np.ndarray) -> DraftSizes:
         """From the index's ``format`` (an Arrow string array or a sequence of str) and
-        ``height``/``width`` columns (-1 or 0 where unknown)."""
+        ``height``/``width`` columns (-1 or 0 where unknown).
+        """
         if hasattr(fmt, "to_numpy"):
             import pyarrow.compute as pc
 

@@ -130,7 +130,8 @@ def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
 def _cut(image: np.ndarray, box: tuple[int, int, int, int], scale: int) -> np.ndarray:
     """The full-size `box` out of `image` decoded at ``1/scale``: a patch of the box's size
     in reduced pixels, centred where the box's centre falls (sub-pixel, bilinear) where
-    OpenCV can (8-bit, 1 or 3 channels), else the box rounded to reduced pixels."""
+    OpenCV can (8-bit, 1 or 3 channels), else the box rounded to reduced pixels.
+    """
     top, left, h, w = box
     size = (max(1, round(w / scale)), max(1, round(h / scale)))
     channels = 1 if image.ndim == 2 else image.shape[2]
@@ -214,7 +215,8 @@ class RandomResizedCropDraft:
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
         """``(top, left, box_height, box_width)`` drawn as paddle's ``RandomResizedCrop``
-        draws it for an image of `height` x `width`."""
+        draws it for an image of `height` x `width`.
+        """
         area = height * width
         # numpy's global generator, not a Generator: it is what paddle draws from and what
         # its DataLoader seeds in each worker

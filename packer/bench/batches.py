@@ -1,5 +1,6 @@
 """What ``packer bench`` does to each sample and batch: the transform presets, the collate
-function, and how big a batch is."""
+function, and how big a batch is.
+"""
 
 from __future__ import annotations
 

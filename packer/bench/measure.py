@@ -1,5 +1,6 @@
 """One timed setting: a real ``paddle.io.DataLoader`` over a dataset, run as one endless epoch and
-timed after warm-up; :class:`BenchConfig` says what to time, :class:`BenchRow` holds the result."""
+timed after warm-up; :class:`BenchConfig` says what to time, :class:`BenchRow` holds the result.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``packer bench`` end to end: time each num_workers (and the loose files), recommend one, and
-explain it with warnings; :class:`BenchReport` prints as a table or JSON."""
+explain it with warnings; :class:`BenchReport` prints as a table or JSON.
+"""
 
 from __future__ import annotations
 
@@ -234,7 +235,8 @@ def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> 
 
 def sample_cpu_us(row: BenchRow) -> float | None:
     """CPU microseconds per sample of a timed setting (the loader process and its workers);
-    without CPU counters, wall time times the processes that decode."""
+    without CPU counters, wall time times the processes that decode.
+    """
     if row.samples_per_s <= 0:
         return None
     if row.cpu_cores is not None:

@@ -1,5 +1,6 @@
 """What the machine says about a benchmark: the storage under a path, free shared memory, and the
-CPU time of this process and its DataLoader workers (Linux ``/proc`` and ``/sys``)."""
+CPU time of this process and its DataLoader workers (Linux ``/proc`` and ``/sys``).
+"""
 
 from __future__ import annotations
 
@@ -33,13 +34,14 @@ class Storage:
 
 
 def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
+    """Mountinfo escapes space, tab, newline and backslash as octal."""
     return field.encode().decode("unicode_escape") if "\\" in field else field
 
 
 def whole_disk(dev: int) -> tuple[str, str] | None:
     """``(name, "MAJ:MIN")`` of the whole disk holding device number `dev`, or None when the
-    device is not a block device (tmpfs, overlay, ...)."""
+    device is not a block device (tmpfs, overlay, ...).
+    """
     sys_dev = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
     if not sys_dev.exists():
         return None

@@ -1,6 +1,7 @@
 """What ``packer verify`` checks the same way in every format: the entries of OUT (only the
 dataset's own, each a regular file), meta.json and its shard table, errors.jsonl, index.jsonl
-line by line (ids, shard, SHA-256), and decoding."""
+line by line (ids, shard, SHA-256), and decoding.
+"""
 
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ def _regular_problem(path: Path, rel: str, *, staged: bool) -> str | None:
 
 def check_shard_table(root: Path, meta: dict[str, Any], report: Report) -> list[int]:
     """Check the shard table against num_samples and that errors.jsonl exists; return the
-    shard bounds (shard s holds ids ``bounds[s]..bounds[s+1]-1``)."""
+    shard bounds (shard s holds ids ``bounds[s]..bounds[s+1]-1``).
+    """
     bounds = [0]
     for n, info in enumerate(meta["shards"]):
         if int(info["first"]) != bounds[-1]:
@@ -155,7 +157,8 @@ def check_shard_table(root: Path, meta: dict[str, Any], report: Report) -> list[
 
 def shard_rows(root: Path, meta: dict[str, Any], bounds: list[int], report: Report) -> Rows:
     """The well-formed index rows with the shard the shard table puts them in; malformed rows
-    and rows in the wrong shard are reported and left out."""
+    and rows in the wrong shard are reported and left out.
+    """
     for row in read_index(root, meta):
         if isinstance(row, str):
             report(row)
@@ -182,7 +185,8 @@ def _compression_problem(row: dict[str, Any]) -> str | None:
 
 def check_stored(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
     """The stored bytes of a sample have the size and CRC-32 its index row gives, and its
-    ``compression``, if any, is one readers undo."""
+    ``compression``, if any, is one readers undo.
+    """
     problem = _compression_problem(row)
     if problem is not None:
         report(f"{where}: {problem}")
@@ -204,7 +208,8 @@ def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, i
     """The stored bytes decoded as readers do: ``(width, height, channels)`` as stored
     (``decode="unchanged"``), or why they do not decode, as stored or with the default
     ``decode="rgb"`` that a reader uses unless told otherwise.  Compressed raw pixels are
-    decompressed first, to the size the row's dimensions give."""
+    decompressed first, to the size the row's dimensions give.
+    """
     height, width, channels = (_int(row.get(k)) for k in ("height", "width", "channels"))
     if "compression" in row:
         problem = _compression_problem(row)
@@ -238,14 +243,16 @@ def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, i
 def decoded_dims(data: bytes, row: dict[str, Any] | None = None) -> tuple[int, int, int] | None:
     """``(width, height, channels)`` of the stored bytes decoded the way readers decode them
     (raw pixels by the index row's dimensions), or None when they do not decode, as stored
-    or with the default ``decode="rgb"``."""
+    or with the default ``decode="rgb"``.
+    """
     found = _decode_failure(data, row or {})
     return None if isinstance(found, str) else found
 
 
 def check_decode(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
     """The stored bytes decode (``--deep``) as readers decode them (stored, and with the
-    default ``decode="rgb"``), to the size the index row gives."""
+    default ``decode="rgb"``), to the size the index row gives.
+    """
     dims = _decode_failure(data, row)
     if isinstance(dims, str):
         report(f"{where}: {dims}")

@@ -62,7 +62,8 @@ def with_content_size(frame: bytes, size: int) -> bytes:
 
 def content_size(data: Any) -> int | None:
     """The content size an LZ4 frame's header gives, or None when it gives none (or `data`,
-    any bytes-like object, does not start with an LZ4 frame header)."""
+    any bytes-like object, does not start with an LZ4 frame header).
+    """
     head = bytes(data[:14])
     if not head.startswith(MAGIC) or len(head) < 14 or not head[4] & _CONTENT_SIZE:
         return None

@@ -45,7 +45,8 @@ Prefetch = Callable[[int, int], Any]
 def stored_sizes(dataset: Any, ids: IntArray | None = None) -> tuple[int, int] | None:
     """``(total bytes, samples)`` stored for the selected samples (``ids``; None: all) by
     ``dataset.index.nbytes``, in integers so that every rank and process agrees; None when
-    the dataset has no such index (or one of another length), or nothing is selected."""
+    the dataset has no such index (or one of another length), or nothing is selected.
+    """
     nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
     if nbytes is None or len(nbytes) != len(dataset):
         return None

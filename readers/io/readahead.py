@@ -163,7 +163,8 @@ def make_detector(
     mean_bytes: float, *, first: Callable[[int], int] | None = None
 ) -> SequentialDetector:
     """A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`;
-    `first` sizes the first window of each run (`first_window_of` counts it in an index)."""
+    `first` sizes the first window of each run (`first_window_of` counts it in an index).
+    """
 
     def ids(nbytes: int, least: int) -> int:
         return max(least, int(nbytes / max(1.0, mean_bytes)))
@@ -180,7 +181,8 @@ def make_detector(
 
 def first_window_of(dataset: Any, most: int) -> Callable[[int], int] | None:
     """The first window of a run from id `start` of `dataset`: the ids whose stored bytes in
-    its index add up to `FIRST_WINDOW_BYTES` (at most `most`); None without an index."""
+    its index add up to `FIRST_WINDOW_BYTES` (at most `most`); None without an index.
+    """
     if ids_within_bytes(dataset, 0, 1, most=1) is None:
         return None
 
@@ -254,7 +256,8 @@ class Readahead:
 class FileAhead:
     """Hints for one file read front to back by a caller that knows it (``packer verify``):
     `at` keeps up to `most` bytes ahead of the read position hinted, in windows that start at
-    `first` bytes and double."""
+    `first` bytes and double.
+    """
 
     def __init__(
         self, path: str, *, first: int = FIRST_WINDOW_BYTES, most: int = MAX_WINDOW_BYTES
@@ -285,7 +288,8 @@ class FileAhead:
 
 def coalesce(begin: np.ndarray, end: np.ndarray, *, gap: int = GAP_BYTES) -> list[tuple[int, int]]:
     """The byte ranges ``[begin[k], end[k])`` merged where they overlap or lie at most `gap`
-    bytes apart, sorted: the few reads that fetch them all."""
+    bytes apart, sorted: the few reads that fetch them all.
+    """
     if len(begin) == 0:
         return []
     b = np.asarray(begin, dtype=np.int64)
@@ -327,7 +331,8 @@ PIECE_UNKNOWN = 512 << 10
 def hint_piece(path: str) -> int:
     """Bytes per ``WILLNEED`` call for the file `path`: what its device reads of one call
     (max(read_ahead_kb, max_sectors_kb)), within [128 KiB, 2 MiB]; 512 KiB when unknown.
-    Larger pieces did not make larger requests (a request holds at most ~1 MiB of pages)."""
+    Larger pieces did not make larger requests (a request holds at most ~1 MiB of pages).
+    """
     try:
         cap = _device_cap(os.stat(path).st_dev)
     except OSError:
