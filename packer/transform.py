@@ -1,4 +1,6 @@
-"""Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw), ``--compress`` (of raw
+"""Pack-time transforms: resize, encode, compress, max-pixels and EXIF orientation.
+
+Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw), ``--compress`` (of raw
 pixels: none, lz4, zstd) and ``--max-pixels``, and turning a stored grid upright by its EXIF
 orientation.
 
@@ -136,7 +138,9 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
 
 
 def compress_pixels(raw: bytes, compression: str) -> bytes:
-    """Raw pixels squeezed by `compression` with pyarrow's codecs, which
+    """Compress raw pixels with `compression` (``zstd`` or ``lz4``).
+
+    Raw pixels squeezed by `compression` with pyarrow's codecs, which
     ``readers.decode.decompress`` undoes: ``zstd``, or ``lz4`` (an LZ4 frame whose header gives
     the size of the pixels: `readers.formats.lz4frame`).
     """

@@ -167,7 +167,9 @@ def decode_sample(
 
 
 def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: int) -> bytes:
-    """The raw pixels of a record stored with ``compression`` (``lz4``, ``zstd``: the index's
+    """Decompress the raw pixels of a record stored with ``compression``.
+
+    The raw pixels of a record stored with ``compression`` (``lz4``, ``zstd``: the index's
     field; pyarrow's codecs), which must come to `size` bytes.
 
     A zstd frame gives its content size, which the codec checks; so does the LZ4 frame of a

@@ -64,14 +64,18 @@ def check_draft(draft: Any) -> Draft | None:
 
 
 def scaled_size(height: int, width: int, scale: int) -> tuple[int, int]:
-    """``(height, width)`` of an image of `height` x `width` decoded at ``1/scale`` by
+    """Return ``(height, width)`` of an image decoded at ``1/scale`` by libjpeg.
+
+    ``(height, width)`` of an image of `height` x `width` decoded at ``1/scale`` by
     libjpeg: ``ceil(height / scale), ceil(width / scale)``.
     """
     return -(-height // scale), -(-width // scale)
 
 
 def draft_scale(height: int, width: int, draft: Draft | None) -> int:
-    """The largest reduction (8, 4, 2) at which an image of `height` x `width` (as returned)
+    """Return the largest JPEG reduction that keeps the image at least `draft`.
+
+    The largest reduction (8, 4, 2) at which an image of `height` x `width` (as returned)
     stays at least `draft`; 1 (full size) when none does or `draft` is None.
 
     Example: a 1200 x 1900 image with ``draft=256`` gives 4 (300 x 475); with
@@ -90,7 +94,9 @@ def draft_scale(height: int, width: int, draft: Draft | None) -> int:
 
 
 def crop_scale(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
-    """The largest reduction (8, 4, 2) at which a crop of `box_height` x `box_width` pixels
+    """Return the largest JPEG reduction at which a crop keeps the output size.
+
+    The largest reduction (8, 4, 2) at which a crop of `box_height` x `box_width` pixels
     of the full image still has at least `out_height` x `out_width` pixels; else 1.
     """
     for scale in DRAFT_SCALES:
@@ -121,7 +127,9 @@ def _tiff_orientation(blob: bytes) -> int:
 
 
 def jpeg_orientation(data: bytes | memoryview | np.ndarray) -> int:
-    """The EXIF orientation (1-8) of JPEG bytes: 1 when the bytes have none or it cannot be
+    """Return the EXIF orientation (1-8) of JPEG bytes.
+
+    The EXIF orientation (1-8) of JPEG bytes: 1 when the bytes have none or it cannot be
     read (then a decode would not apply one either).
 
     Only the segment headers before the frame are read, not the image data.
@@ -148,7 +156,9 @@ def jpeg_orientation(data: bytes | memoryview | np.ndarray) -> int:
 def returned_size(
     data: bytes | memoryview | np.ndarray, height: int, width: int, mode: str
 ) -> tuple[int, int]:
-    """``(height, width)`` of a JPEG of stored size `height` x `width` as `mode` returns it:
+    """Return ``(height, width)`` of a JPEG as `mode` returns it.
+
+    ``(height, width)`` of a JPEG of stored size `height` x `width` as `mode` returns it:
     swapped for EXIF orientations 5-8 in the modes that apply the orientation.
     """
     if mode in ORIENTED_MODES and jpeg_orientation(data) >= 5:
@@ -159,7 +169,9 @@ def returned_size(
 def choose_scale(
     data: bytes | memoryview | np.ndarray, height: int, width: int, mode: str, draft: Draft
 ) -> int:
-    """`draft_scale` for a JPEG of stored size `height` x `width` decoded as `mode`; its
+    """Return `draft_scale` for a JPEG of stored size `height` x `width`.
+
+    `draft_scale` for a JPEG of stored size `height` x `width` decoded as `mode`; its
     orientation is read only where it can change the answer (a ``(H, W)`` request, H != W).
     """
     if isinstance(draft, tuple) and draft[0] != draft[1]:
@@ -169,7 +181,9 @@ def choose_scale(
 
 @dataclass(frozen=True)
 class DraftSizes:
-    """Per sample, from the index: whether its record is a JPEG, and its stored height and
+    """Per sample, from the index: whether it is a JPEG, and its stored size.
+
+    Per sample, from the index: whether its record is a JPEG, and its stored height and
     width (what `draft_scale` and planned crops need; 5 bytes per sample).
     """
 
@@ -179,7 +193,9 @@ class DraftSizes:
 
     @classmethod
     def from_columns(cls, fmt: Any, height: np.ndarray, width: np.ndarray) -> DraftSizes:
-        """From the index's ``format`` (an Arrow string array or a sequence of str) and
+        """Build the table from the index's ``format``, ``height`` and ``width``.
+
+        From the index's ``format`` (an Arrow string array or a sequence of str) and
         ``height``/``width`` columns (-1 or 0 where unknown).
         """
         if hasattr(fmt, "to_numpy"):

@@ -1,4 +1,6 @@
-"""What ``packer bench`` does to each sample and batch: the transform presets, the collate
+"""The transforms, collate function and batch size of ``packer bench``.
+
+What ``packer bench`` does to each sample and batch: the transform presets, the collate
 function, and how big a batch is.
 """
 

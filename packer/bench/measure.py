@@ -1,4 +1,6 @@
-"""One timed setting: a real ``paddle.io.DataLoader`` over a dataset, run as one endless epoch and
+"""One timed setting: a real ``paddle.io.DataLoader`` over a dataset.
+
+One timed setting: a real ``paddle.io.DataLoader`` over a dataset, run as one endless epoch and
 timed after warm-up; :class:`BenchConfig` says what to time, :class:`BenchRow` holds the result.
 """
 

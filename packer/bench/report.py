@@ -1,4 +1,6 @@
-"""``packer bench`` end to end: time each num_workers (and the loose files), recommend one, and
+"""``packer bench`` end to end: time, recommend and explain each num_workers.
+
+``packer bench`` end to end: time each num_workers (and the loose files), recommend one, and
 explain it with warnings; :class:`BenchReport` prints as a table or JSON.
 """
 
@@ -234,7 +236,9 @@ def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> 
 
 
 def sample_cpu_us(row: BenchRow) -> float | None:
-    """CPU microseconds per sample of a timed setting (the loader process and its workers);
+    """Return the CPU microseconds per sample of a timed setting.
+
+    CPU microseconds per sample of a timed setting (the loader process and its workers);
     without CPU counters, wall time times the processes that decode.
     """
     if row.samples_per_s <= 0:

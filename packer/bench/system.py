@@ -1,4 +1,6 @@
-"""What the machine says about a benchmark: the storage under a path, free shared memory, and the
+"""What the machine says about a benchmark: storage, shared memory, CPU time.
+
+What the machine says about a benchmark: the storage under a path, free shared memory, and the
 CPU time of this process and its DataLoader workers (Linux ``/proc`` and ``/sys``).
 """
 
@@ -39,7 +41,9 @@ def _unescape(field: str) -> str:
 
 
 def whole_disk(dev: int) -> tuple[str, str] | None:
-    """``(name, "MAJ:MIN")`` of the whole disk holding device number `dev`, or None when the
+    """Return the whole disk holding device number `dev`, or None.
+
+    ``(name, "MAJ:MIN")`` of the whole disk holding device number `dev`, or None when the
     device is not a block device (tmpfs, overlay, ...).
     """
     sys_dev = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")

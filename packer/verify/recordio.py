@@ -1,4 +1,6 @@
-"""``packer verify`` checks of RecordIO shards: each ``.rec`` walked record by record (strict
+"""``packer verify`` checks of RecordIO shards.
+
+``packer verify`` checks of RecordIO shards: each ``.rec`` walked record by record (strict
 framing, header ids and labels, offsets in ``.idx`` and the index, trailing bytes), and a bare
 MXNet ``.rec``/``.idx`` pair.
 """
@@ -188,7 +190,9 @@ def verify_packed(
 
 
 def verify_bare(pair: tuple[Path, Path | None], *, deep: bool, report: Report) -> None:
-    """Check a bare MXNet ``.rec`` (and its ``.idx``): every record parses, strictly; every
+    """Check a bare MXNet ``.rec`` and its ``.idx``.
+
+    Check a bare MXNet ``.rec`` (and its ``.idx``): every record parses, strictly; every
     ``.idx`` offset is a record start; with `deep`, every image record decodes.
     """
     rec, idx = pair

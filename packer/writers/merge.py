@@ -1,4 +1,6 @@
-"""The merge: the finished shard parts of a build become ``index.jsonl``, ``index.parquet``
+"""The merge: finished shard parts become the index and the shard table.
+
+The merge: the finished shard parts of a build become ``index.jsonl``, ``index.parquet``
 and the shard table, with sample ids numbered in shard order.
 
 Each part's rows are copied as text and columns (`packer.writers.part`): no JSON is encoded
