@@ -26,6 +26,7 @@ class Resize:
         self.size = size
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
+        """Return `image` resized to ``size x size``, always HWC."""
         import cv2
 
         out = cv2.resize(image, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
@@ -39,6 +40,7 @@ class ImagenetEval:
     STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
+        """Return `image` as a normalised 224 x 224 CHW float32 centre crop."""
         import cv2
 
         h, w = image.shape[:2]

@@ -83,6 +83,7 @@ class DecodeReport:
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
+        """Return the section as a JSON-ready dict, with its decode share."""
         out = asdict(self)
         out["decode_share"] = decode_share(self.decode_us, self.sample_us)
         return out

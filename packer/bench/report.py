@@ -48,9 +48,11 @@ class BenchReport:
 
     @property
     def recommended(self) -> BenchRow:
+        """The timed setting recommended among `rows`."""
         return recommend(self.rows)
 
     def as_dict(self) -> dict[str, Any]:
+        """Return the report as a JSON-ready dict."""
         rec = self.recommended
         best = max(r.samples_per_s for r in self.rows)
         return {
@@ -75,9 +77,11 @@ class BenchReport:
         }
 
     def json(self) -> str:
+        """Return the report as indented JSON."""
         return json.dumps(self.as_dict(), indent=2)
 
     def text(self) -> str:
+        """Return the report as a table with the recommendation and warnings."""
         best = max(r.samples_per_s for r in self.rows)
         loose = {r.num_workers: r.samples_per_s for r in self.compare}
         lines = [

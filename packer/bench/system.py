@@ -31,6 +31,7 @@ class Storage:
 
     @property
     def network(self) -> bool:
+        """Whether the filesystem is a network (or FUSE network) one."""
         fs = self.fstype
         return fs in NETWORK_FILESYSTEMS or (fs.startswith("fuse.") and fs != "fuseblk")
 
@@ -109,6 +110,7 @@ def tree_bytes(root: Path) -> int:
 
 
 def gb(n: float) -> str:
+    """Return `n` bytes as GB (one decimal) or MB."""
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
