@@ -260,7 +260,7 @@ class Readahead:
 class FileAhead:
     """Hints for one file read front to back.
 
-    Hints for one file read front to back by a caller that knows it (``packer verify``):
+    For a caller that knows it reads the file that way (``packer verify``):
     `at` keeps up to `most` bytes ahead of the read position hinted, in windows that start at
     `first` bytes and double.
     """
