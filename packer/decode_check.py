@@ -1,4 +1,6 @@
-"""The pack-time decode of a source image: OpenCV's pixels, or why they cannot be packed (a
+"""The pack-time decode of a source image, and the build's cheaper decode check.
+
+The pack-time decode of a source image: OpenCV's pixels, or why they cannot be packed (a
 decoder that reports corrupt data, a depth the default reader cannot read), and the caveats
 the decoder printed about an image that is usable; and the build's decode check, which proves
 the same of a stored image at less cost (`check_source`).
@@ -75,9 +77,12 @@ class Decoded:
 
 @dataclass(frozen=True)
 class Checked:
-    """What the build's decode check found: ``(width, height, channels)`` as OpenCV's
+    """What the build's decode check found about one source image.
+
+    What the build's decode check found: ``(width, height, channels)`` as OpenCV's
     ``IMREAD_UNCHANGED`` decodes the image (None: it cannot be packed, and why not), and the
-    decoder's caveats."""
+    decoder's caveats.
+    """
 
     dims: tuple[int, int, int] | None
     problem: str = ""
@@ -187,8 +192,11 @@ def decode_source(data: bytes, fmt: str) -> Decoded:
 
 
 def _reduced_jpeg(data: bytes) -> Checked | None:
-    """The check of a JPEG by its 1/8-scale decode (this module's docstring), or None when
-    only a full decode can tell."""
+    """Check a JPEG by its 1/8-scale decode, or return None.
+
+    The check of a JPEG by its 1/8-scale decode (this module's docstring), or None when
+    only a full decode can tell.
+    """
     import cv2
 
     frame = jpeg_frame(data)
@@ -214,7 +222,9 @@ def _reduced_jpeg(data: bytes) -> Checked | None:
 
 
 def check_source(data: bytes, fmt: str) -> Checked:
-    """Prove `data` (sniffed as `fmt`) decodable as `decode_source` would, and measure it, at
+    """Prove `data` decodable as `decode_source` would, at the least cost.
+
+    Prove `data` (sniffed as `fmt`) decodable as `decode_source` would, and measure it, at
     the least cost that proves the same (this module's docstring).
 
     Returns:

@@ -15,9 +15,12 @@ from readers.index import DatasetIndex, load_index
 
 
 def stored_sizes(index: DatasetIndex) -> dict[str, dict[str, int]]:
-    """Samples and stored bytes per stored form: the index's ``format``, with ``+lz4`` /
+    """Return the samples and stored bytes per stored form.
+
+    Samples and stored bytes per stored form: the index's ``format``, with ``+lz4`` /
     ``+zstd`` for compressed raw pixels (``raw+lz4``), whose entries also give
-    ``pixel_bytes``, the size of the pixels they decompress to."""
+    ``pixel_bytes``, the size of the pixels they decompress to.
+    """
     formats = np.asarray(index.extra["format"].to_pylist(), dtype=object)
     codes = index.compression
     names = formats.copy()

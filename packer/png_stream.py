@@ -1,4 +1,6 @@
-"""A PNG proven whole without decoding its pixels: every chunk's CRC, the IDAT stream inflated
+"""A PNG proven whole without decoding its pixels.
+
+A PNG proven whole without decoding its pixels: every chunk's CRC, the IDAT stream inflated
 to exactly the length IHDR implies and ended by its Adler-32, a valid filter byte on every row.
 
 That is what libpng checks of a PNG before it un-filters the rows (which cannot fail), so a PNG
@@ -67,8 +69,11 @@ def _rows(width: int, height: int, bits: int, interlaced: bool) -> list[tuple[in
 
 
 def _chunks(data: bytes) -> tuple[bytes, bytes | None, bytes | None, list[memoryview]] | None:
-    """IHDR, PLTE, tRNS and the IDAT bodies of a PNG whose chunks are all in order with
-    matching CRCs, up to IEND; None otherwise."""
+    """Return the IHDR, PLTE, tRNS and IDAT bodies of a well-formed PNG, or None.
+
+    IHDR, PLTE, tRNS and the IDAT bodies of a PNG whose chunks are all in order with
+    matching CRCs, up to IEND; None otherwise.
+    """
     view = memoryview(data)
     n = len(data)
     unpack = _U32.unpack_from
@@ -121,7 +126,9 @@ def _chunks(data: bytes) -> tuple[bytes, bytes | None, bytes | None, list[memory
 
 
 def prove_png(data: bytes) -> tuple[int, int, int] | None:
-    """``(width, height, channels)`` of a PNG proven whole, as OpenCV's ``IMREAD_UNCHANGED``
+    """Return ``(width, height, channels)`` of a PNG proven whole, or None.
+
+    ``(width, height, channels)`` of a PNG proven whole, as OpenCV's ``IMREAD_UNCHANGED``
     decodes it; None when the proof does not go through (decode it to know why, or whether).
     """
     if not data.startswith(_SIGNATURE):

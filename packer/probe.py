@@ -1,5 +1,8 @@
-"""Image headers without decoding: width, height and channels (JPEG SOF, PNG IHDR, BMP, WebP,
-TIFF, PNM), EXIF orientation, and whether a JPEG or PNG is cut short."""
+"""Image headers without decoding: size, channels, orientation, truncation.
+
+Image headers without decoding: width, height and channels (JPEG SOF, PNG IHDR, BMP, WebP,
+TIFF, PNM), EXIF orientation, and whether a JPEG or PNG is cut short.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +24,11 @@ _U16 = struct.Struct(">H")
 
 
 def jpeg_frame(data: bytes) -> tuple[int, int, int, int] | None:
-    """Width, height, component count and sample precision (bits) from a JPEG's first frame
-    header (SOF), or None when no SOF is found before the data runs out."""
+    """Return the size, components and precision from a JPEG's SOF, or None.
+
+    Width, height, component count and sample precision (bits) from a JPEG's first frame
+    header (SOF), or None when no SOF is found before the data runs out.
+    """
     pos = 2
     n = len(data)
     while pos + 4 <= n:
@@ -60,8 +66,11 @@ def _png_size(data: bytes) -> tuple[int, int, int] | None:
 
 
 def _png_find(data: bytes, want: bytes) -> tuple[int, int] | None:
-    """``(start, length)`` of the first chunk of type `want` whose header lies in `data`,
-    up to IEND; None when there is none."""
+    """Return ``(start, length)`` of the first PNG chunk of type `want`, or None.
+
+    ``(start, length)`` of the first chunk of type `want` whose header lies in `data`,
+    up to IEND; None when there is none.
+    """
     pos = 8
     n = len(data)
     unpack = _U32.unpack_from
@@ -175,8 +184,11 @@ def _pnm_size(data: bytes) -> tuple[int, int] | None:
 
 
 def image_size(data: bytes, fmt: str) -> tuple[int, int] | None:
-    """Width and height from the header of any sniffed format, without decoding; None when
-    the header does not give them (the decoder then applies its own limits)."""
+    """Return the width and height from any sniffed format's header, or None.
+
+    Width and height from the header of any sniffed format, without decoding; None when
+    the header does not give them (the decoder then applies its own limits).
+    """
     try:
         if fmt in ("jpeg", "png"):  # the size only: a PNG's chunks need not be walked
             found = _jpeg_header(data) if fmt == "jpeg" else _png_size(data)

@@ -1,10 +1,13 @@
-"""Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw), ``--compress`` (of raw
+"""Pack-time transforms: resize, encode, compress, max-pixels and EXIF orientation.
+
+Pack-time transforms: ``--resize``, ``--encode`` (keep, jpeg, png, raw), ``--compress`` (of raw
 pixels: none, lz4, zstd) and ``--max-pixels``, and turning a stored grid upright by its EXIF
 orientation.
 
 OpenCV is imported by the functions that use it, not with the module: the main process of a
 parallel build only plans and merges, and its pool processes import OpenCV themselves while
-it scans (`packer.engines.local.start_pool`)."""
+it scans (`packer.engines.local.start_pool`).
+"""
 
 from __future__ import annotations
 
@@ -135,9 +138,12 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
 
 
 def compress_pixels(raw: bytes, compression: str) -> bytes:
-    """Raw pixels squeezed by `compression` with pyarrow's codecs, which
+    """Compress raw pixels with `compression` (``zstd`` or ``lz4``).
+
+    Raw pixels squeezed by `compression` with pyarrow's codecs, which
     ``readers.decode.decompress`` undoes: ``zstd``, or ``lz4`` (an LZ4 frame whose header gives
-    the size of the pixels: `readers.formats.lz4frame`)."""
+    the size of the pixels: `readers.formats.lz4frame`).
+    """
     import pyarrow as pa
 
     if compression == "zstd":

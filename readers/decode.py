@@ -140,8 +140,10 @@ def decode_sample(
         stored: the sample's index ``format``; ``raw`` means pixels written by
             ``packer build --encode raw``, which are reshaped with `height`, `width` and
             `channels` instead of decoded; anything else is decoded with OpenCV.
-        height, width: the index's (stored) size of the sample; raw pixels need them, and
-            so does `draft`.
+        height: the index's (stored) height of the sample; raw pixels need it, and so
+            does `draft`.
+        width: the index's (stored) width of the sample, needed as `height` is.
+        channels: the index's channel count; raw pixels need it.
         draft: ``S`` (shorter side) or ``(H, W)``: a JPEG (``stored="jpeg"``) of known
             `height` and `width` is decoded at the largest DCT reduction (1/8, 1/4, 1/2)
             that keeps the returned image at least that large (`readers.draft`); anything
@@ -167,7 +169,9 @@ def decode_sample(
 
 
 def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: int) -> bytes:
-    """The raw pixels of a record stored with ``compression`` (``lz4``, ``zstd``: the index's
+    """Decompress the raw pixels of a record stored with ``compression``.
+
+    The raw pixels of a record stored with ``compression`` (``lz4``, ``zstd``: the index's
     field; pyarrow's codecs), which must come to `size` bytes.
 
     A zstd frame gives its content size, which the codec checks; so does the LZ4 frame of a

@@ -64,13 +64,18 @@ def check_draft(draft: Any) -> Draft | None:
 
 
 def scaled_size(height: int, width: int, scale: int) -> tuple[int, int]:
-    """``(height, width)`` of an image of `height` x `width` decoded at ``1/scale`` by
-    libjpeg: ``ceil(height / scale), ceil(width / scale)``."""
+    """Return ``(height, width)`` of an image decoded at ``1/scale`` by libjpeg.
+
+    ``(height, width)`` of an image of `height` x `width` decoded at ``1/scale`` by
+    libjpeg: ``ceil(height / scale), ceil(width / scale)``.
+    """
     return -(-height // scale), -(-width // scale)
 
 
 def draft_scale(height: int, width: int, draft: Draft | None) -> int:
-    """The largest reduction (8, 4, 2) at which an image of `height` x `width` (as returned)
+    """Return the largest JPEG reduction that keeps the image at least `draft`.
+
+    The largest reduction (8, 4, 2) at which an image of `height` x `width` (as returned)
     stays at least `draft`; 1 (full size) when none does or `draft` is None.
 
     Example: a 1200 x 1900 image with ``draft=256`` gives 4 (300 x 475); with
@@ -89,8 +94,11 @@ def draft_scale(height: int, width: int, draft: Draft | None) -> int:
 
 
 def crop_scale(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
-    """The largest reduction (8, 4, 2) at which a crop of `box_height` x `box_width` pixels
-    of the full image still has at least `out_height` x `out_width` pixels; else 1."""
+    """Return the largest JPEG reduction at which a crop keeps the output size.
+
+    The largest reduction (8, 4, 2) at which a crop of `box_height` x `box_width` pixels
+    of the full image still has at least `out_height` x `out_width` pixels; else 1.
+    """
     for scale in DRAFT_SCALES:
         if box_height >= scale * out_height and box_width >= scale * out_width:
             return scale
@@ -119,7 +127,9 @@ def _tiff_orientation(blob: bytes) -> int:
 
 
 def jpeg_orientation(data: bytes | memoryview | np.ndarray) -> int:
-    """The EXIF orientation (1-8) of JPEG bytes: 1 when the bytes have none or it cannot be
+    """Return the EXIF orientation (1-8) of JPEG bytes.
+
+    The EXIF orientation (1-8) of JPEG bytes: 1 when the bytes have none or it cannot be
     read (then a decode would not apply one either).
 
     Only the segment headers before the frame are read, not the image data.
@@ -146,8 +156,11 @@ def jpeg_orientation(data: bytes | memoryview | np.ndarray) -> int:
 def returned_size(
     data: bytes | memoryview | np.ndarray, height: int, width: int, mode: str
 ) -> tuple[int, int]:
-    """``(height, width)`` of a JPEG of stored size `height` x `width` as `mode` returns it:
-    swapped for EXIF orientations 5-8 in the modes that apply the orientation."""
+    """Return ``(height, width)`` of a JPEG as `mode` returns it.
+
+    ``(height, width)`` of a JPEG of stored size `height` x `width` as `mode` returns it:
+    swapped for EXIF orientations 5-8 in the modes that apply the orientation.
+    """
     if mode in ORIENTED_MODES and jpeg_orientation(data) >= 5:
         return width, height
     return height, width
@@ -156,8 +169,11 @@ def returned_size(
 def choose_scale(
     data: bytes | memoryview | np.ndarray, height: int, width: int, mode: str, draft: Draft
 ) -> int:
-    """`draft_scale` for a JPEG of stored size `height` x `width` decoded as `mode`; its
-    orientation is read only where it can change the answer (a ``(H, W)`` request, H != W)."""
+    """Return `draft_scale` for a JPEG of stored size `height` x `width`.
+
+    `draft_scale` for a JPEG of stored size `height` x `width` decoded as `mode`; its
+    orientation is read only where it can change the answer (a ``(H, W)`` request, H != W).
+    """
     if isinstance(draft, tuple) and draft[0] != draft[1]:
         height, width = returned_size(data, height, width, mode)
     return draft_scale(height, width, draft)
@@ -165,8 +181,11 @@ def choose_scale(
 
 @dataclass(frozen=True)
 class DraftSizes:
-    """Per sample, from the index: whether its record is a JPEG, and its stored height and
-    width (what `draft_scale` and planned crops need; 5 bytes per sample)."""
+    """Per sample, from the index: whether it is a JPEG, and its stored size.
+
+    Per sample, from the index: whether its record is a JPEG, and its stored height and
+    width (what `draft_scale` and planned crops need; 5 bytes per sample).
+    """
 
     jpeg: np.ndarray  # bool
     height: np.ndarray  # uint16 (int32 for images over 65535 pixels a side)
@@ -174,8 +193,11 @@ class DraftSizes:
 
     @classmethod
     def from_columns(cls, fmt: Any, height: np.ndarray, width: np.ndarray) -> DraftSizes:
-        """From the index's ``format`` (an Arrow string array or a sequence of str) and
-        ``height``/``width`` columns (-1 or 0 where unknown)."""
+        """Build the table from the index's ``format``, ``height`` and ``width``.
+
+        From the index's ``format`` (an Arrow string array or a sequence of str) and
+        ``height``/``width`` columns (-1 or 0 where unknown).
+        """
         if hasattr(fmt, "to_numpy"):
             import pyarrow.compute as pc
 

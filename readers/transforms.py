@@ -1,4 +1,6 @@
-"""Transforms planned before decoding: the dataset gives the transform the image's size (from
+"""Transforms planned before decoding, so that JPEGs decode at a reduction.
+
+Transforms planned before decoding: the dataset gives the transform the image's size (from
 the index), the transform draws its crop and the JPEG reduction it can afford, and only then
 is the image decoded (at that reduction), cropped and resized.
 
@@ -63,7 +65,9 @@ class DecodePlan:
     box: tuple[int, int, int, int]
 
     def scale_of(self, image: np.ndarray) -> int:
-        """The reduction `image` was decoded at: `scale` when its size is the scaled size,
+        """Return the reduction `image` was decoded at.
+
+        The reduction `image` was decoded at: `scale` when its size is the scaled size,
         1 when it is the full size.
 
         Raises:
@@ -128,9 +132,12 @@ def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
 
 
 def _cut(image: np.ndarray, box: tuple[int, int, int, int], scale: int) -> np.ndarray:
-    """The full-size `box` out of `image` decoded at ``1/scale``: a patch of the box's size
+    """Cut the full-size `box` out of `image` decoded at ``1/scale``.
+
+    The full-size `box` out of `image` decoded at ``1/scale``: a patch of the box's size
     in reduced pixels, centred where the box's centre falls (sub-pixel, bilinear) where
-    OpenCV can (8-bit, 1 or 3 channels), else the box rounded to reduced pixels."""
+    OpenCV can (8-bit, 1 or 3 channels), else the box rounded to reduced pixels.
+    """
     top, left, h, w = box
     size = (max(1, round(w / scale)), max(1, round(h / scale)))
     channels = 1 if image.ndim == 2 else image.shape[2]
@@ -213,8 +220,11 @@ class RandomResizedCropDraft:
         )
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """``(top, left, box_height, box_width)`` drawn as paddle's ``RandomResizedCrop``
-        draws it for an image of `height` x `width`."""
+        """Draw ``(top, left, box_height, box_width)`` as ``RandomResizedCrop`` does.
+
+        ``(top, left, box_height, box_width)`` drawn as paddle's ``RandomResizedCrop``
+        draws it for an image of `height` x `width`.
+        """
         area = height * width
         # numpy's global generator, not a Generator: it is what paddle draws from and what
         # its DataLoader seeds in each worker
@@ -247,7 +257,9 @@ class RandomResizedCropDraft:
         return DecodePlan(height=height, width=width, scale=scale, box=(top, left, h, w))
 
     def apply(self, image: np.ndarray, plan: DecodePlan) -> Any:
-        """Cut ``plan.box`` out of `image` (decoded at full size or at ``plan.scale``) and
+        """Cut ``plan.box`` out of `image`, resize it to `size`, then apply `then`.
+
+        Cut ``plan.box`` out of `image` (decoded at full size or at ``plan.scale``) and
         resize it to `size`, then `then`.
 
         Raises:

@@ -1,4 +1,6 @@
-"""``packer bench``: DataLoader throughput of a packed dataset for each num_workers, the setting
+"""``packer bench``: DataLoader throughput per num_workers, and what explains it.
+
+``packer bench``: DataLoader throughput of a packed dataset for each num_workers, the setting
 to use, and the warnings (shared memory, slow storage, oversubscribed cores) that explain it.
 
 paddle is imported only when a measurement runs, so the storage helpers here stay cheap to

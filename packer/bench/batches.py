@@ -1,5 +1,8 @@
-"""What ``packer bench`` does to each sample and batch: the transform presets, the collate
-function, and how big a batch is."""
+"""The transforms, collate function and batch size of ``packer bench``.
+
+What ``packer bench`` does to each sample and batch: the transform presets, the collate
+function, and how big a batch is.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class Resize:
         self.size = size
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
+        """Return `image` resized to ``size x size``, always HWC."""
         import cv2
 
         out = cv2.resize(image, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
@@ -36,6 +40,7 @@ class ImagenetEval:
     STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
+        """Return `image` as a normalised 224 x 224 CHW float32 centre crop."""
         import cv2
 
         h, w = image.shape[:2]

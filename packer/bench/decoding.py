@@ -1,6 +1,9 @@
-"""What decoding costs per sample, measured on a fixed sample of a dataset, and what storing raw
+"""Decode cost per sample, and what raw+lz4 storage or a JPEG draft would save.
+
+What decoding costs per sample, measured on a fixed sample of a dataset, and what storing raw
 pixels compressed (``--encode raw --compress lz4``) or decoding JPEGs at a reduced DCT scale
-(``draft=``) would save, so that ``packer bench`` can say which pays and at what size."""
+(``draft=``) would save, so that ``packer bench`` can say which pays and at what size.
+"""
 
 from __future__ import annotations
 
@@ -80,6 +83,7 @@ class DecodeReport:
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
+        """Return the section as a JSON-ready dict, with its decode share."""
         out = asdict(self)
         out["decode_share"] = decode_share(self.decode_us, self.sample_us)
         return out
@@ -175,9 +179,12 @@ def draft_scale(width: int, height: int, draft: int) -> int:
 
 
 def _time_per_sample(work: Callable[[int], Any], count: int) -> float:
-    """CPU microseconds per call of ``work(k)`` for k in range(count): the best of up to 3
+    """Return the CPU microseconds per call of ``work(k)``, best of up to 3 rounds.
+
+    CPU microseconds per call of ``work(k)`` for k in range(count): the best of up to 3
     rounds (one when a round takes over `ROUND_S`). CPU time, like the loader's per-sample
-    figure it is compared with, so that other processes on the machine do not count."""
+    figure it is compared with, so that other processes on the machine do not count.
+    """
     best = math.inf
     for _ in range(3):
         start = time.process_time()
@@ -191,8 +198,11 @@ def _time_per_sample(work: Callable[[int], Any], count: int) -> float:
 
 
 def _as_stored_raw(image: np.ndarray) -> np.ndarray | None:
-    """The pixels ``--encode raw`` would store for an image decoded unchanged (OpenCV order):
-    uint8, RGB / RGBA / gray; None for depths it does not take as they are (float)."""
+    """Return the pixels ``--encode raw`` would store for an image, or None.
+
+    The pixels ``--encode raw`` would store for an image decoded unchanged (OpenCV order):
+    uint8, RGB / RGBA / gray; None for depths it does not take as they are (float).
+    """
     import cv2
 
     if image.dtype == np.uint16:
@@ -207,8 +217,11 @@ def _as_stored_raw(image: np.ndarray) -> np.ndarray | None:
 
 
 def _raw_lz4(blobs: list[bytes], mode: str) -> tuple[float, float] | None:
-    """(us per sample to read them back, mean compressed bytes) of the samples stored as
-    lz4-compressed raw pixels, read the way the datasets read such records."""
+    """Time reading back samples stored as lz4-compressed raw pixels.
+
+    (us per sample to read them back, mean compressed bytes) of the samples stored as
+    lz4-compressed raw pixels, read the way the datasets read such records.
+    """
     import pyarrow as pa
 
     codec = pa.Codec("lz4")
@@ -231,8 +244,11 @@ def _raw_lz4(blobs: list[bytes], mode: str) -> tuple[float, float] | None:
 def _draft(
     blobs: list[bytes], dims: list[tuple[int, int]], mode: str, draft: int
 ) -> tuple[float, float] | None:
-    """(us per sample, share decoded smaller) of JPEGs decoded with OpenCV's reduced-scale
-    flags at the scale ``draft=`` picks; None for a mode without such flags."""
+    """Time decoding JPEGs at the reduced scale ``draft=`` picks.
+
+    (us per sample, share decoded smaller) of JPEGs decoded with OpenCV's reduced-scale
+    flags at the scale ``draft=`` picks; None for a mode without such flags.
+    """
     import cv2
 
     kind = {"rgb": "color", "bgr": "color", "gray": "gray"}.get(mode)
@@ -324,8 +340,11 @@ def measure_decoding(
 
 
 def cost_options(formats: Sequence[FormatCost], *, draft: int) -> tuple[float, list[DecodeOption]]:
-    """The dataset's mean decode time now, and with each option (weighted by the formats'
-    shares of the dataset); an option that applies to no format is left out."""
+    """Return the dataset's mean decode time now and with each option.
+
+    The dataset's mean decode time now, and with each option (weighted by the formats'
+    shares of the dataset); an option that applies to no format is left out.
+    """
     total = sum(f.share for f in formats) or 1.0
     now = sum(f.share * f.decode_us for f in formats) / total
     options = []

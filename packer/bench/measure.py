@@ -1,5 +1,8 @@
-"""One timed setting: a real ``paddle.io.DataLoader`` over a dataset, run as one endless epoch and
-timed after warm-up; :class:`BenchConfig` says what to time, :class:`BenchRow` holds the result."""
+"""One timed setting: a real ``paddle.io.DataLoader`` over a dataset.
+
+One timed setting: a real ``paddle.io.DataLoader`` over a dataset, run as one endless epoch and
+timed after warm-up; :class:`BenchConfig` says what to time, :class:`BenchRow` holds the result.
+"""
 
 from __future__ import annotations
 
@@ -76,10 +79,12 @@ class BenchConfig:
 
     @property
     def worker_counts(self) -> tuple[int, ...]:
+        """The num_workers values to time: those given, else 0 to the usable cores."""
         return self.workers or tuple(range(usable_cores() + 1))
 
     @property
     def limit_seconds(self) -> float | None:
+        """Seconds to time each setting for; None when a batch count limits it."""
         if self.seconds is None and self.batches is None:
             return DEFAULT_SECONDS
         return self.seconds
@@ -168,6 +173,7 @@ class SampleGuard:
             return SampleFailure(exc)
 
     def collate(self, batch: list[Any]) -> list[Any]:
+        """Collate a batch; a failed sample is passed on in place of the batch."""
         for sample in batch:
             if isinstance(sample, SampleFailure):
                 return [np.zeros(1, np.uint8), sample]  # paddle wants an array in every batch

@@ -1,5 +1,8 @@
-"""``packer bench`` end to end: time each num_workers (and the loose files), recommend one, and
-explain it with warnings; :class:`BenchReport` prints as a table or JSON."""
+"""``packer bench`` end to end: time, recommend and explain each num_workers.
+
+``packer bench`` end to end: time each num_workers (and the loose files), recommend one, and
+explain it with warnings; :class:`BenchReport` prints as a table or JSON.
+"""
 
 from __future__ import annotations
 
@@ -45,9 +48,11 @@ class BenchReport:
 
     @property
     def recommended(self) -> BenchRow:
+        """The timed setting recommended among `rows`."""
         return recommend(self.rows)
 
     def as_dict(self) -> dict[str, Any]:
+        """Return the report as a JSON-ready dict."""
         rec = self.recommended
         best = max(r.samples_per_s for r in self.rows)
         return {
@@ -72,9 +77,11 @@ class BenchReport:
         }
 
     def json(self) -> str:
+        """Return the report as indented JSON."""
         return json.dumps(self.as_dict(), indent=2)
 
     def text(self) -> str:
+        """Return the report as a table with the recommendation and warnings."""
         best = max(r.samples_per_s for r in self.rows)
         loose = {r.num_workers: r.samples_per_s for r in self.compare}
         lines = [
@@ -233,8 +240,11 @@ def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> 
 
 
 def sample_cpu_us(row: BenchRow) -> float | None:
-    """CPU microseconds per sample of a timed setting (the loader process and its workers);
-    without CPU counters, wall time times the processes that decode."""
+    """Return the CPU microseconds per sample of a timed setting.
+
+    CPU microseconds per sample of a timed setting (the loader process and its workers);
+    without CPU counters, wall time times the processes that decode.
+    """
     if row.samples_per_s <= 0:
         return None
     if row.cpu_cores is not None:

@@ -1,5 +1,8 @@
-"""What the machine says about a benchmark: the storage under a path, free shared memory, and the
-CPU time of this process and its DataLoader workers (Linux ``/proc`` and ``/sys``)."""
+"""What the machine says about a benchmark: storage, shared memory, CPU time.
+
+What the machine says about a benchmark: the storage under a path, free shared memory, and the
+CPU time of this process and its DataLoader workers (Linux ``/proc`` and ``/sys``).
+"""
 
 from __future__ import annotations
 
@@ -28,18 +31,22 @@ class Storage:
 
     @property
     def network(self) -> bool:
+        """Whether the filesystem is a network (or FUSE network) one."""
         fs = self.fstype
         return fs in NETWORK_FILESYSTEMS or (fs.startswith("fuse.") and fs != "fuseblk")
 
 
 def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal."""
+    """Mountinfo escapes space, tab, newline and backslash as octal."""
     return field.encode().decode("unicode_escape") if "\\" in field else field
 
 
 def whole_disk(dev: int) -> tuple[str, str] | None:
-    """``(name, "MAJ:MIN")`` of the whole disk holding device number `dev`, or None when the
-    device is not a block device (tmpfs, overlay, ...)."""
+    """Return the whole disk holding device number `dev`, or None.
+
+    ``(name, "MAJ:MIN")`` of the whole disk holding device number `dev`, or None when the
+    device is not a block device (tmpfs, overlay, ...).
+    """
     sys_dev = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
     if not sys_dev.exists():
         return None
@@ -103,6 +110,7 @@ def tree_bytes(root: Path) -> int:
 
 
 def gb(n: float) -> str:
+    """Return `n` bytes as GB (one decimal) or MB."""
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 

@@ -1,6 +1,9 @@
-"""What ``packer verify`` checks the same way in every format: the entries of OUT (only the
+"""What ``packer verify`` checks the same way in every format.
+
+What ``packer verify`` checks the same way in every format: the entries of OUT (only the
 dataset's own, each a regular file), meta.json and its shard table, errors.jsonl, index.jsonl
-line by line (ids, shard, SHA-256), and decoding."""
+line by line (ids, shard, SHA-256), and decoding.
+"""
 
 from __future__ import annotations
 
@@ -81,7 +84,9 @@ def _kind(path: Path) -> str:
 
 
 def check_entries(root: Path, meta: dict[str, Any], fmt: ShardFormat, report: Report) -> bool:
-    """Report the entries of OUT the dataset does not name (``foreign entry: NAME (kind)``),
+    """Report foreign entries of OUT, and named ones that are not regular files.
+
+    Report the entries of OUT the dataset does not name (``foreign entry: NAME (kind)``),
     and named ones that are links or not regular files.
 
     A staged copy (``readers.staging``) links its shards and keeps its state in ``.staging``:
@@ -137,8 +142,11 @@ def _regular_problem(path: Path, rel: str, *, staged: bool) -> str | None:
 
 
 def check_shard_table(root: Path, meta: dict[str, Any], report: Report) -> list[int]:
-    """Check the shard table against num_samples and that errors.jsonl exists; return the
-    shard bounds (shard s holds ids ``bounds[s]..bounds[s+1]-1``)."""
+    """Check the shard table and errors.jsonl; return the shard bounds.
+
+    Check the shard table against num_samples and that errors.jsonl exists; return the
+    shard bounds (shard s holds ids ``bounds[s]..bounds[s+1]-1``).
+    """
     bounds = [0]
     for n, info in enumerate(meta["shards"]):
         if int(info["first"]) != bounds[-1]:
@@ -154,8 +162,11 @@ def check_shard_table(root: Path, meta: dict[str, Any], report: Report) -> list[
 
 
 def shard_rows(root: Path, meta: dict[str, Any], bounds: list[int], report: Report) -> Rows:
-    """The well-formed index rows with the shard the shard table puts them in; malformed rows
-    and rows in the wrong shard are reported and left out."""
+    """Return the well-formed index rows with the shard each belongs to.
+
+    The well-formed index rows with the shard the shard table puts them in; malformed rows
+    and rows in the wrong shard are reported and left out.
+    """
     for row in read_index(root, meta):
         if isinstance(row, str):
             report(row)
@@ -181,8 +192,11 @@ def _compression_problem(row: dict[str, Any]) -> str | None:
 
 
 def check_stored(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
-    """The stored bytes of a sample have the size and CRC-32 its index row gives, and its
-    ``compression``, if any, is one readers undo."""
+    """Check a sample's stored size, CRC-32 and compression against its index row.
+
+    The stored bytes of a sample have the size and CRC-32 its index row gives, and its
+    ``compression``, if any, is one readers undo.
+    """
     problem = _compression_problem(row)
     if problem is not None:
         report(f"{where}: {problem}")
@@ -201,10 +215,13 @@ def _int(value: Any) -> int:
 
 
 def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, int]:
-    """The stored bytes decoded as readers do: ``(width, height, channels)`` as stored
+    """Decode the stored bytes as readers do, or say why they do not decode.
+
+    The stored bytes decoded as readers do: ``(width, height, channels)`` as stored
     (``decode="unchanged"``), or why they do not decode, as stored or with the default
     ``decode="rgb"`` that a reader uses unless told otherwise.  Compressed raw pixels are
-    decompressed first, to the size the row's dimensions give."""
+    decompressed first, to the size the row's dimensions give.
+    """
     height, width, channels = (_int(row.get(k)) for k in ("height", "width", "channels"))
     if "compression" in row:
         problem = _compression_problem(row)
@@ -236,16 +253,22 @@ def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, i
 
 
 def decoded_dims(data: bytes, row: dict[str, Any] | None = None) -> tuple[int, int, int] | None:
-    """``(width, height, channels)`` of the stored bytes decoded the way readers decode them
+    """Return ``(width, height, channels)`` of the stored bytes decoded, or None.
+
+    ``(width, height, channels)`` of the stored bytes decoded the way readers decode them
     (raw pixels by the index row's dimensions), or None when they do not decode, as stored
-    or with the default ``decode="rgb"``."""
+    or with the default ``decode="rgb"``.
+    """
     found = _decode_failure(data, row or {})
     return None if isinstance(found, str) else found
 
 
 def check_decode(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
-    """The stored bytes decode (``--deep``) as readers decode them (stored, and with the
-    default ``decode="rgb"``), to the size the index row gives."""
+    """Check that the stored bytes decode (``--deep``) as readers decode them.
+
+    The stored bytes decode (``--deep``) as readers decode them (stored, and with the
+    default ``decode="rgb"``), to the size the index row gives.
+    """
     dims = _decode_failure(data, row)
     if isinstance(dims, str):
         report(f"{where}: {dims}")

@@ -1,6 +1,9 @@
-"""``packer verify`` checks of LMDB shards: every page a lookup can touch (walked with
+"""``packer verify`` checks of LMDB shards.
+
+``packer verify`` checks of LMDB shards: every page a lookup can touch (walked with
 bounds-checked reads before LMDB opens the shard, so damage ends as problem lines, never as a
-SIGBUS), num-samples, keys, labels as stored, and a bare LMDB in the PaddleOCR layout."""
+SIGBUS), num-samples, keys, labels as stored, and a bare LMDB in the PaddleOCR layout.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ from readers.io.identity import identify_dataset
 
 
 class _Shards:
-    """Opens one LMDB shard at a time for the check (a dataset of many shards would otherwise
-    hold a descriptor per shard: readers.io.handles closes the least recently used ones)."""
+    """Open one LMDB shard at a time for the check.
+
+    Opens one LMDB shard at a time for the check (a dataset of many shards would otherwise
+    hold a descriptor per shard: readers.io.handles closes the least recently used ones).
+    """
 
     def __init__(self, root: Path, meta: dict[str, Any], report: Report) -> None:
         self.root = root

@@ -1,6 +1,9 @@
-"""``packer verify`` checks of RecordIO shards: each ``.rec`` walked record by record (strict
+"""``packer verify`` checks of RecordIO shards.
+
+``packer verify`` checks of RecordIO shards: each ``.rec`` walked record by record (strict
 framing, header ids and labels, offsets in ``.idx`` and the index, trailing bytes), and a bare
-MXNet ``.rec``/``.idx`` pair."""
+MXNet ``.rec``/``.idx`` pair.
+"""
 
 from __future__ import annotations
 
@@ -187,8 +190,11 @@ def verify_packed(
 
 
 def verify_bare(pair: tuple[Path, Path | None], *, deep: bool, report: Report) -> None:
-    """Check a bare MXNet ``.rec`` (and its ``.idx``): every record parses, strictly; every
-    ``.idx`` offset is a record start; with `deep`, every image record decodes."""
+    """Check a bare MXNet ``.rec`` and its ``.idx``.
+
+    Check a bare MXNet ``.rec`` (and its ``.idx``): every record parses, strictly; every
+    ``.idx`` offset is a record start; with `deep`, every image record decodes.
+    """
     rec, idx = pair
     try:
         buf = open_rec_readonly(str(rec))

@@ -70,7 +70,9 @@ class ShardWriter(ABC):
     def renumber(
         cls, base: Path, old_first: int, new_first: int, offsets: list[int | None]
     ) -> int | None:
-        """Give the finished shard at `base`, written with sample ids from `old_first`, the ids
+        """Renumber the finished shard at `base`; return its new size or None.
+
+        Give the finished shard at `base`, written with sample ids from `old_first`, the ids
         from `new_first` (`offsets`: where each record starts, as its writer returned them);
         return its new size in bytes, or None when it did not change.
 

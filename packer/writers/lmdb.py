@@ -67,10 +67,12 @@ class LmdbShardWriter(ShardWriter):
 
     @classmethod
     def paths(cls, base: Path) -> list[Path]:
+        """Return the shard's one directory at `base`."""
         return [base]  # keys count from 1 in each shard: nothing to renumber
 
     @classmethod
     def describe(cls) -> dict[str, str]:
+        """Return the LMDB library versions that wrote the shard."""
         return lmdb_versions()
 
     def __init__(self, base: Path) -> None:
@@ -83,6 +85,7 @@ class LmdbShardWriter(ShardWriter):
         self._offsets: np.ndarray | None = None
 
     def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
+        """Queue the record and its label; commit when enough is pending."""
         key = image_key(local)
         self._pending.append((key, record.data))
         self._pending.append((label_key(local), encode_label(record.label)))
@@ -116,6 +119,7 @@ class LmdbShardWriter(ShardWriter):
         self._pending_bytes = 0
 
     def close(self) -> int:
+        """Commit num-samples, sync and close the shard; return its data file's size."""
         self._commit([(NUM_SAMPLES_KEY, str(self.count).encode())])
         self.env.sync(True)
         self.env.close()
@@ -127,10 +131,13 @@ class LmdbShardWriter(ShardWriter):
         return os.path.getsize(self.base / DATA_FILE)
 
     def record_offsets(self) -> np.ndarray | None:
+        """Return each record's byte offset in data.mdb, known after close()."""
         return self._offsets
 
     def abort(self) -> None:
+        """Close the environment without finishing the shard."""
         self.env.close()
 
     def files(self) -> list[Path]:
+        """Return the shard's data.mdb and lock.mdb."""
         return [self.base / DATA_FILE, self.base / LOCK_FILE]

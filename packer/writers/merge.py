@@ -1,4 +1,6 @@
-"""The merge: the finished shard parts of a build become ``index.jsonl``, ``index.parquet``
+"""The merge: finished shard parts become the index and the shard table.
+
+The merge: the finished shard parts of a build become ``index.jsonl``, ``index.parquet``
 and the shard table, with sample ids numbered in shard order.
 
 Each part's rows are copied as text and columns (`packer.writers.part`): no JSON is encoded
@@ -115,9 +117,11 @@ class IndexWriter:
 
     @property
     def index_sha256(self) -> str:
+        """The SHA-256 of the index.jsonl written so far."""
         return self._hash.hexdigest()
 
     def close(self) -> None:
+        """Flush, fsync and close index.jsonl and index.parquet."""
         if self._pending_rows:
             self._flush(self._pending_rows)
         self._parquet.close()
@@ -127,6 +131,7 @@ class IndexWriter:
         fsync_path(self.root / INDEX_COLUMNAR_NAME)
 
     def abort(self) -> None:
+        """Close the index files without finishing them."""
         with contextlib.suppress(Exception):
             self._index.close()
         with contextlib.suppress(Exception):

@@ -1,4 +1,6 @@
-"""One planned shard of a build, written by `ShardPart`: its files and, beside them in the
+"""One planned shard of a build, written by `ShardPart`.
+
+One planned shard of a build, written by `ShardPart`: its files and, beside them in the
 build directory, its index rows, problems, notes and completion marker.
 
 A shard with a completion marker is finished: ``--resume`` keeps it, and it may have been

@@ -83,20 +83,24 @@ class RecordIOShardWriter(ShardWriter):
 
     @classmethod
     def paths(cls, base: Path) -> list[Path]:
+        """Return the shard's ``.rec`` and ``.idx`` paths."""
         return [base.with_name(base.name + REC_SUFFIX), base.with_name(base.name + IDX_SUFFIX)]
 
     @classmethod
     def check(cls, record: Record) -> Problem | None:
+        """Return a problem when `record` is too large for a RecordIO record."""
         return oversize_problem(record)
 
     @classmethod
     def renumber(
         cls, base: Path, old_first: int, new_first: int, offsets: list[int | None]
     ) -> int | None:
+        """Rewrite the ids of the finished shard (`renumber_shard`); return its new size."""
         return renumber_shard(base, old_first, new_first, [int(o or 0) for o in offsets])
 
     @classmethod
     def describe(cls) -> dict[str, str]:
+        """Return the RecordIO layout that wrote the shard."""
         return recordio_layout()
 
     def __init__(self, base: Path) -> None:
@@ -107,6 +111,7 @@ class RecordIOShardWriter(ShardWriter):
         self._records = RecordFileWriter(self._rec)
 
     def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
+        """Append the record with its header id and label; return its (key, offset)."""
         payload = pack_labelled_image(record.data, record.label, id=sample_id)
         if len(payload) > MAX_PAYLOAD:
             raise RecordTooLargeForShardError(record.rel, self.rec_path, len(payload))
@@ -118,6 +123,7 @@ class RecordIOShardWriter(ShardWriter):
         return str(sample_id), offset
 
     def close(self) -> int:
+        """Flush, fsync and close ``.rec`` and ``.idx``; return their total size."""
         for f in (self._rec, self._idx):
             f.flush()
             os.fsync(f.fileno())
@@ -125,11 +131,13 @@ class RecordIOShardWriter(ShardWriter):
         return os.path.getsize(self.rec_path) + os.path.getsize(self.idx_path)
 
     def abort(self) -> None:
+        """Close both files without finishing them."""
         for f in (self._rec, self._idx):
             with contextlib.suppress(OSError):  # best effort on the way out of a failed build
                 f.close()
 
     def files(self) -> list[Path]:
+        """Return the shard's ``.rec`` and ``.idx`` files."""
         return [self.rec_path, self.idx_path]
 
 

@@ -1,4 +1,6 @@
-"""The LZ4 frames that hold ``compression: "lz4"`` raw pixels: standard LZ4 frames (what the
+"""The LZ4 frames that hold ``compression: "lz4"`` raw pixels.
+
+The LZ4 frames that hold ``compression: "lz4"`` raw pixels: standard LZ4 frames (what the
 ``lz4`` tool and pyarrow's ``lz4`` codec read) whose header gives the content size.
 
 pyarrow writes frames without the content size, and its decompressor, asked for more bytes than
@@ -47,7 +49,9 @@ def _xxh32_short(data: bytes) -> int:
 
 
 def with_content_size(frame: bytes, size: int) -> bytes:
-    """`frame` (one LZ4 frame without content size or dictionary id, as pyarrow writes it) with
+    """Return `frame` with its header giving the content size `size`.
+
+    `frame` (one LZ4 frame without content size or dictionary id, as pyarrow writes it) with
     its header giving `size`, the length of its content.
 
     Raises:
@@ -61,8 +65,11 @@ def with_content_size(frame: bytes, size: int) -> bytes:
 
 
 def content_size(data: Any) -> int | None:
-    """The content size an LZ4 frame's header gives, or None when it gives none (or `data`,
-    any bytes-like object, does not start with an LZ4 frame header)."""
+    """Return the content size an LZ4 frame's header gives, or None.
+
+    The content size an LZ4 frame's header gives, or None when it gives none (or `data`,
+    any bytes-like object, does not start with an LZ4 frame header).
+    """
     head = bytes(data[:14])
     if not head.startswith(MAGIC) or len(head) < 14 or not head[4] & _CONTENT_SIZE:
         return None

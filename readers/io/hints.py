@@ -43,9 +43,12 @@ Prefetch = Callable[[int, int], Any]
 
 
 def stored_sizes(dataset: Any, ids: IntArray | None = None) -> tuple[int, int] | None:
-    """``(total bytes, samples)`` stored for the selected samples (``ids``; None: all) by
+    """Return ``(total bytes, samples)`` stored for the selected samples, or None.
+
+    ``(total bytes, samples)`` stored for the selected samples (``ids``; None: all) by
     ``dataset.index.nbytes``, in integers so that every rank and process agrees; None when
-    the dataset has no such index (or one of another length), or nothing is selected."""
+    the dataset has no such index (or one of another length), or nothing is selected.
+    """
     nbytes = getattr(getattr(dataset, "index", None), "nbytes", None)
     if nbytes is None or len(nbytes) != len(dataset):
         return None
@@ -62,7 +65,9 @@ def mean_record_bytes(dataset: Any, default: float) -> float:
 
 
 def ids_within_bytes(dataset: Any, start: int, nbytes: int, *, most: int) -> int | None:
-    """How many ids from `start` on hold `nbytes` stored bytes by ``dataset.index.nbytes`` (at
+    """Return how many ids from `start` on hold `nbytes` stored bytes, or None.
+
+    How many ids from `start` on hold `nbytes` stored bytes by ``dataset.index.nbytes`` (at
     least 1, at most `most` and the ids left); None without such an index.
 
     Reads at most `most` entries of the index (no cumulative column for the whole dataset:

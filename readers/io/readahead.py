@@ -162,8 +162,11 @@ class SequentialDetector:
 def make_detector(
     mean_bytes: float, *, first: Callable[[int], int] | None = None
 ) -> SequentialDetector:
-    """A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`;
-    `first` sizes the first window of each run (`first_window_of` counts it in an index)."""
+    """Return a `SequentialDetector` with windows sized in bytes.
+
+    A `SequentialDetector` whose windows are sized in bytes for records of `mean_bytes`;
+    `first` sizes the first window of each run (`first_window_of` counts it in an index).
+    """
 
     def ids(nbytes: int, least: int) -> int:
         return max(least, int(nbytes / max(1.0, mean_bytes)))
@@ -179,8 +182,11 @@ def make_detector(
 
 
 def first_window_of(dataset: Any, most: int) -> Callable[[int], int] | None:
-    """The first window of a run from id `start` of `dataset`: the ids whose stored bytes in
-    its index add up to `FIRST_WINDOW_BYTES` (at most `most`); None without an index."""
+    """Return the first window of a run from id `start`, or None.
+
+    The first window of a run from id `start` of `dataset`: the ids whose stored bytes in
+    its index add up to `FIRST_WINDOW_BYTES` (at most `most`); None without an index.
+    """
     if ids_within_bytes(dataset, 0, 1, most=1) is None:
         return None
 
@@ -252,9 +258,12 @@ class Readahead:
 
 
 class FileAhead:
-    """Hints for one file read front to back by a caller that knows it (``packer verify``):
+    """Hints for one file read front to back.
+
+    For a caller that knows it reads the file that way (``packer verify``):
     `at` keeps up to `most` bytes ahead of the read position hinted, in windows that start at
-    `first` bytes and double."""
+    `first` bytes and double.
+    """
 
     def __init__(
         self, path: str, *, first: int = FIRST_WINDOW_BYTES, most: int = MAX_WINDOW_BYTES
@@ -284,8 +293,11 @@ class FileAhead:
 
 
 def coalesce(begin: np.ndarray, end: np.ndarray, *, gap: int = GAP_BYTES) -> list[tuple[int, int]]:
-    """The byte ranges ``[begin[k], end[k])`` merged where they overlap or lie at most `gap`
-    bytes apart, sorted: the few reads that fetch them all."""
+    """Merge byte ranges into the few reads that fetch them all.
+
+    The byte ranges ``[begin[k], end[k])`` merged where they overlap or lie at most `gap`
+    bytes apart, sorted: the few reads that fetch them all.
+    """
     if len(begin) == 0:
         return []
     b = np.asarray(begin, dtype=np.int64)
@@ -325,9 +337,12 @@ PIECE_UNKNOWN = 512 << 10
 
 
 def hint_piece(path: str) -> int:
-    """Bytes per ``WILLNEED`` call for the file `path`: what its device reads of one call
+    """Return the bytes per ``WILLNEED`` call for the file `path`.
+
+    Bytes per ``WILLNEED`` call for the file `path`: what its device reads of one call
     (max(read_ahead_kb, max_sectors_kb)), within [128 KiB, 2 MiB]; 512 KiB when unknown.
-    Larger pieces did not make larger requests (a request holds at most ~1 MiB of pages)."""
+    Larger pieces did not make larger requests (a request holds at most ~1 MiB of pages).
+    """
     try:
         cap = _device_cap(os.stat(path).st_dev)
     except OSError:
@@ -349,7 +364,9 @@ if hasattr(os, "register_at_fork"):
 
 @contextlib.contextmanager
 def one_at_a_time(fd: int) -> Iterator[None]:
-    """Hold the file's hint lock: an exclusive ``flock`` on `fd` (this process's own open of
+    """Hold the file's hint lock.
+
+    Hold the file's hint lock: an exclusive ``flock`` on `fd` (this process's own open of
     the file, see `readers.handles`) and a lock between this process's threads.
 
     Two processes hinting overlapping ranges at the same moment (DataLoader workers or ranks
@@ -377,7 +394,9 @@ def one_at_a_time(fd: int) -> Iterator[None]:
 
 
 def willneed(path: str, begin: int, end: int, *, advise: Callable[..., Any] | None = None) -> int:
-    """Ask the OS to read bytes ``[begin, end)`` of `path` into the page cache, in pieces of
+    """Ask the OS to read bytes ``[begin, end)`` of `path` into the page cache.
+
+    Ask the OS to read bytes ``[begin, end)`` of `path` into the page cache, in pieces of
     at most `hint_piece` bytes (aligned to it when there are several), under the file's hint
     lock (`one_at_a_time`); returns the number of calls. Does nothing where posix_fadvise is
     missing. `advise` replaces ``os.posix_fadvise`` (tests count the calls).
