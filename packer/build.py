@@ -183,9 +183,7 @@ def prepare_build_dir(
     With `resume`, the finished shards of an interrupted build of the same plan are kept.
     """
     if tmp.exists():
-        reusable = (
-            resume and load_plan_digest(tmp) == digest and not (tmp / MERGING_NAME).exists()
-        )
+        reusable = resume and load_plan_digest(tmp) == digest and not (tmp / MERGING_NAME).exists()
         if reusable:
             numbers = {parse_shard_name(p.name) for p in tmp.iterdir()} - {None}
             finished = {n for n in numbers if n is not None and read_done(tmp, n) is not None}

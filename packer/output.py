@@ -269,9 +269,7 @@ def build_lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def check_output_apart(
-    out: Path, inputs: list[Path], *, build_dir: Path, overwrite: bool
-) -> None:
+def check_output_apart(out: Path, inputs: list[Path], *, build_dir: Path, overwrite: bool) -> None:
     """`check_output` for a dataset written from other datasets (convert, merge, ...).
 
     Each of `inputs` must lie apart from OUT and its build directory, as SRC must for a build.
