@@ -90,11 +90,12 @@ class ShardFormat:
         raise NotImplementedError
 
     def read_stored(
-        self, shard_path: str, keys: Sequence[str], offsets: Sequence[int] | None
+        self, shard_path: str, first: int, offsets: Sequence[int]
     ) -> Iterator[bytes]:
-        """The stored bytes of records of the packed shard at `shard_path`, in order.
+        """The stored bytes of ``len(offsets)`` records of the packed shard at `shard_path`.
 
-        `keys` and `offsets` are the records' index ``key`` and ``offset`` fields.
+        The records are the shard's from position `first` (0-based within the shard) on, in
+        order; `offsets` are their index ``offset`` fields.
         """
         raise NotImplementedError
 

@@ -93,12 +93,12 @@ class LmdbFormat(ShardFormat):
         return bare_records(found)
 
     def read_stored(
-        self, shard_path: str, keys: Sequence[str], offsets: Sequence[int] | None
+        self, shard_path: str, first: int, offsets: Sequence[int]
     ) -> Iterator[bytes]:
-        """Return the stored bytes of `keys` in the packed shard at `shard_path`."""
+        """Return the values of records ``first..`` of the packed shard at `shard_path`."""
         from readers.formats.lmdb.stored import read_stored
 
-        return read_stored(shard_path, keys)
+        return read_stored(shard_path, range(first + 1, first + 1 + len(offsets)))
 
     def find_bare(self, path: Path) -> Path | None:
         """Return `path` when it is a bare LMDB directory (a data file, no meta.json), else None."""

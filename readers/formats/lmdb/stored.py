@@ -50,11 +50,13 @@ def bare_records(root: Path) -> StoredRecords:
     return StoredRecords([root / DATA_FILE], names, sizes, read, label_source="label-%09d")
 
 
-def read_stored(shard_path: str, keys: Sequence[str]) -> Iterator[bytes]:
-    """The values of `keys` in the packed LMDB shard at `shard_path`, in order."""
+def read_stored(shard_path: str, locals_: Sequence[int]) -> Iterator[bytes]:
+    """The ``image-%09d`` values of positions `locals_` (from 1) of the shard at `shard_path`."""
     with shared_lmdb(shard_path).begin(buffers=True) as txn:
-        for key in keys:
-            value = txn.get(key.encode())
+        for local in locals_:
+            value = txn.get(image_key(local))
             if value is None:
-                raise DatasetFormatError(f"{shard_path}: the key {key} is missing")
+                raise DatasetFormatError(
+                    f"{shard_path}: the key {image_key(local).decode()} is missing"
+                )
             yield bytes(value)

@@ -149,13 +149,11 @@ class RecordIOFormat(ShardFormat):
         return bare_records(found, shared_rec(str(found[0])))
 
     def read_stored(
-        self, shard_path: str, keys: Sequence[str], offsets: Sequence[int] | None
+        self, shard_path: str, first: int, offsets: Sequence[int]
     ) -> Iterator[bytes]:
         """Return the image bytes of the records at `offsets` of the shard at `shard_path`."""
         from readers.formats.recordio.bare import read_stored
 
-        if offsets is None:
-            raise ValueError(f"{shard_path}: RecordIO records are read at their offsets")
         return read_stored(shared_rec(shard_path), offsets)
 
     def near_miss(self, path: Path) -> str | None:
