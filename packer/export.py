@@ -105,10 +105,15 @@ class _TarShards:
             self.number += 1
 
 
-def _names_in_folder(record: Record, i: int, ext: str, taken: set[str], folder: str) -> str:
+def _file_name(record: Record, i: int, ext: str) -> str:
+    """The record's original file name when its path has one of its format, else ``ID.EXT``."""
     base = record.rel.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
     if "." not in base or os.path.splitext(base)[1].lower().lstrip(".") not in (ext, "jpeg"):
         base = f"{i:06d}.{ext}"
+    return base
+
+
+def _unique(folder: str, base: str, i: int, taken: set[str]) -> str:
     name = f"{folder}/{base}"
     if name in taken:
         name = f"{folder}/{i:06d}_{base}"
@@ -153,7 +158,7 @@ def _write(cfg: ConvertConfig, source: RepackSource, tmp: Path) -> BuildSummary:
     problems = list(source.problems)
     summary = BuildSummary(out=cfg.out)
     shards = _TarShards(tmp, cfg.shard_size) if cfg.to == "webdataset" else None
-    listed: list[tuple[str, Any]] = []  # folder: (name under images/, label)
+    listed: list[tuple[str, str, Any]] = []  # folder: (name under images/, file name, label)
     taken: set[str] = set()
     total = len(source.sizes)
     with progress_bar(total, cfg.progress) as bar:
@@ -177,10 +182,11 @@ def _write(cfg: ConvertConfig, source: RepackSource, tmp: Path) -> BuildSummary:
                 label = _label_member(item.label)
                 shards.add(key, [(ext, item.data)] + ([label] if label else []))
             else:
-                name = _names_in_folder(item, summary.packed, ext, taken, IMAGES_DIR)
+                base = _file_name(item, summary.packed, ext)
+                name = _unique(IMAGES_DIR, base, summary.packed, taken)
                 (tmp / IMAGES_DIR).mkdir(exist_ok=True)
                 (tmp / name).write_bytes(item.data)
-                listed.append((name, item.label))
+                listed.append((name, base, item.label))
             summary.packed += 1
             summary.bytes += len(item.data)
     if shards is not None:
@@ -197,26 +203,24 @@ def _write(cfg: ConvertConfig, source: RepackSource, tmp: Path) -> BuildSummary:
     return summary
 
 
-def _finish_folder(tmp: Path, listed: list[tuple[str, Any]], classes: list[str] | None) -> None:
+def _finish_folder(
+    tmp: Path, listed: list[tuple[str, str, Any]], classes: list[str] | None
+) -> None:
     """Class folders when every label is a class id, else ``labels.txt`` beside ``images/``."""
     ints = bool(listed) and all(
-        isinstance(label, int) and not isinstance(label, bool) for _, label in listed
+        isinstance(label, int) and not isinstance(label, bool) for _, _, label in listed
     )
     if not ints:
         lines = []
-        for name, label in listed:
+        for name, _, label in listed:
             text = label if isinstance(label, str) else json.dumps(label, ensure_ascii=False)
             lines.append(f"{name}\t{text}\n")
         write_durably(tmp / LABELS_NAME, lines)
         return
     taken: set[str] = set()
-    for name, label in listed:
+    for i, (name, base, label) in enumerate(listed):
         folder = classes[label] if classes and 0 <= label < len(classes) else str(label)
-        base = name.split("/", 1)[1]
-        target = f"{folder}/{base}"
-        if target in taken:
-            target = f"{folder}/{len(taken):06d}_{base}"
-        taken.add(target)
+        target = _unique(folder, base, i, taken)
         (tmp / folder).mkdir(exist_ok=True)
         os.rename(tmp / name, tmp / target)
     (tmp / IMAGES_DIR).rmdir()
