@@ -326,6 +326,68 @@ def bench(
     typer.echo(report.json() if as_json else report.text())
 
 
+@app.command()
+def convert(
+    src: Annotated[
+        Path,
+        typer.Argument(
+            metavar="IN",
+            help="A packer dataset, a bare PaddleOCR-layout LMDB, a bare .rec/.idx pair "
+            "(InsightFace's header record is skipped) or a directory of WebDataset .tar shards.",
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="The dataset (or export) directory to write.")],
+    format: Annotated[
+        str, typer.Option(callback=_format, help=f"Shard format (--to packer). {_FORMAT_HELP}")
+    ] = FORMATS[0],
+    to: Annotated[
+        str,
+        typer.Option(
+            help="packer (a dataset), webdataset (%06d.tar shards) or folder (class folders, "
+            "or images/ + labels.txt when labels are not class ids)."
+        ),
+    ] = "packer",
+    shard_size: Annotated[str, typer.Option(help="Target shard size, e.g. 1GiB.")] = "1GiB",
+    decode_check: Annotated[
+        bool,
+        typer.Option(
+            "--decode-check/--no-decode-check",
+            help="Decode each record of a bare IN once to prove it (else: headers only).",
+        ),
+    ] = True,
+    on_error: Annotated[str, typer.Option(help="skip or fail.")] = "skip",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Keep the finished shards of an interrupted convert.")
+    ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+    ] = None,
+) -> None:
+    """Convert IN to packer's format (or export it) keeping the stored bytes and labels."""
+    from packer.convert import ConvertConfig
+    from packer.convert import convert as run_convert
+
+    try:
+        cfg = ConvertConfig(
+            src=src,
+            out=out,
+            format=format,
+            to=to,
+            shard_size=parse_size(shard_size),
+            decode_check=decode_check,
+            on_error=on_error,
+            overwrite=overwrite,
+            resume=resume,
+            progress=progress,
+        )
+        summary = run_convert(cfg)
+    except (PackerError, ReaderError) as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
 app.command(name="stage")(stage_command)
 
 

@@ -1,0 +1,231 @@
+"""``packer convert IN OUT``: a dataset that exists already, in packer's format or exported.
+
+IN is anything ``open_dataset`` reads: a packer dataset (either format), a bare PaddleOCR-layout
+LMDB, a bare MXNet ``.rec``/``.idx`` pair (InsightFace's header record skipped), or a directory
+of WebDataset ``.tar`` shards. The stored bytes and labels are kept. Records are read as stored
+(``ShardFormat.read_stored`` and ``stored_records``: paddle is never imported), and only what
+the decode check needs is decoded: a packer dataset's records were checked when it was built
+and are taken with their index description (width, height, format, CRC-32, checked against the
+bytes), while a bare input's records pass `packer.prepare.prepare_bytes`, the same proof a
+build makes (``--no-decode-check``: headers only). OUT is written by `packer.repack` (or
+`packer.export` for ``--to webdataset|folder``).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.build import BuildSummary
+from packer.errors import ConfigError, PackerError
+from packer.prepare import prepare_bytes
+from packer.problems import UNREADABLE, Problem
+from packer.records import Record
+from packer.repack import Item, RepackConfig, RepackSource, repack
+from readers.errors import ReaderError
+from readers.formats import BARE_FORMATS, REGISTRY
+from readers.formats.layout import META_NAME
+from readers.index import load_index
+
+TARGETS = ("packer", "webdataset", "folder")
+CRC_MISMATCH = "crc_mismatch"  # a packer dataset's record whose bytes differ from its index
+
+
+class ConvertInputError(PackerError):
+    """IN is not a dataset convert can read."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"IN {path}: {reason}; expected a packer dataset ({META_NAME}), "
+            + ", ".join(f.bare_hint for f in BARE_FORMATS.values())
+        )
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything ``packer convert`` was asked to do."""
+
+    src: Path
+    out: Path
+    format: str = next(iter(REGISTRY))
+    to: str = "packer"
+    shard_size: int = 1 << 30
+    decode_check: bool = True
+    on_error: str = "skip"
+    overwrite: bool = False
+    resume: bool = False
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.to not in TARGETS:
+            raise ConfigError(f"--to {self.to!r}: expected one of {', '.join(TARGETS)}")
+        if self.resume and self.to != "packer":
+            raise ConfigError(
+                f"--resume applies to --to packer; an export (--to {self.to}) is rewritten "
+                "from the start (drop --resume)"
+            )
+        RepackConfig(self.out, self.format, self.shard_size, self.on_error)  # validates
+
+
+@dataclass
+class ConvertInput:
+    """IN opened for conversion: its records as `Item` values, described before reading."""
+
+    source: RepackSource
+    kind: str  # packer | a bare format's name
+
+
+def _file_identity(paths: list[Path]) -> str:
+    parts = []
+    for path in paths:
+        st = os.stat(path)
+        parts.append(f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def _column(values: Any, n: int, default: Any) -> list[Any]:
+    if values is None:
+        return [default] * n
+    return list(values.to_pylist() if hasattr(values, "to_pylist") else values.tolist())
+
+
+def _open_packed(root: Path) -> ConvertInput:
+    extra = ("width", "height", "channels", "format", "path")
+    index = load_index(root, extra=extra)
+    fmt = REGISTRY[index.format]
+    n = len(index)
+    cols = {name: _column(index.extra.get(name), n, None) for name in extra}
+    offsets = index.offset if index.offset is not None else np.zeros(n, dtype=np.int64)
+    bounds = index.shard_bounds
+    paths = [fmt.shard_path(root, name) for name in index.shard_names]
+    labels = index.labels
+
+    def read(start: int, stop: int) -> Iterator[Item]:
+        shard = int(np.searchsorted(bounds, start, side="right")) - 1
+        i = start
+        while i < stop:
+            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+            end = min(stop, hi)
+            stored = fmt.read_stored(paths[shard], i - lo, offsets[i:end].tolist())
+            for j, data in zip(range(i, end), stored, strict=False):
+                rel = cols["path"][j] or f"{j}"
+                crc = zlib.crc32(data)
+                if crc != int(index.crc32[j]):
+                    yield Problem(
+                        rel,
+                        CRC_MISMATCH,
+                        f"sample {j}: the stored bytes have CRC-32 {crc:08x}, the index says "
+                        f"{int(index.crc32[j]):08x} (run packer verify on IN)",
+                    )
+                    continue
+                yield Record(
+                    rel,
+                    labels[j],
+                    data,
+                    cols["format"][j],
+                    cols["width"][j],
+                    cols["height"][j],
+                    cols["channels"][j],
+                    crc,
+                )
+            i, shard = end, shard + 1
+
+    meta = index.meta
+    files = [root / META_NAME] + [
+        root / f for name in index.shard_names for f in fmt.shard_files(name)
+    ]
+    identity = f"{meta.get('index_sha256')}\n{_file_identity(files)}"
+    source = RepackSource(
+        sizes=index.nbytes.astype(np.int64).tolist(),
+        read=read,
+        identity=identity,
+        inputs=[root],
+        source=str(root),
+        classes=meta.get("classes"),
+        label_source=str(meta.get("label_source") or "none"),
+        class_map=meta.get("class_map"),
+    )
+    return ConvertInput(source, "packer")
+
+
+def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
+    for fmt in BARE_FORMATS.values():
+        found = fmt.find_bare(root)
+        if found is None:
+            continue
+        try:
+            stored = fmt.stored_records(found)
+        except ReaderError as exc:
+            raise ConvertInputError(root, str(exc)) from None
+
+        def read(start: int, stop: int, stored: Any = stored) -> Iterator[Item]:
+            names = stored.names
+            for i, item in zip(range(start, stop), stored.read(start, stop), strict=True):
+                if isinstance(item, str):
+                    yield Problem(names[i], UNREADABLE, item)
+                else:
+                    data, label = item
+                    yield prepare_bytes(names[i], data, label, decode_check=decode_check)
+
+        source = RepackSource(
+            sizes=stored.sizes,
+            read=read,
+            identity=f"{fmt.name}\n{_file_identity(stored.files)}",
+            inputs=[root, *stored.files],
+            source=str(root),
+            options={"decode_check": decode_check},
+            label_source=stored.label_source,
+        )
+        return ConvertInput(source, fmt.name)
+    reason = "nothing at that path" if not root.exists() else "none of these"
+    raise ConvertInputError(root, reason)
+
+
+def open_input(root: Path, *, decode_check: bool = True) -> ConvertInput:
+    """Open IN for conversion (no image is read yet).
+
+    Raises:
+        ConvertInputError: IN is none of the inputs convert reads.
+        DatasetFormatError: IN is a packer dataset whose meta.json or index is damaged.
+    """
+    if (root / META_NAME).exists():
+        try:
+            return _open_packed(root)
+        except ReaderError as exc:
+            raise ConvertInputError(root, str(exc)) from None
+    return _open_bare(root, decode_check=decode_check)
+
+
+def convert(cfg: ConvertConfig, *, log: Callable[[str], None] | None = None) -> BuildSummary:
+    """Convert ``cfg.src`` into ``cfg.out`` (a packer dataset, or an export with ``cfg.to``).
+
+    Raises:
+        ConvertInputError: IN cannot be read.
+        PackerError: see `packer.repack.repack` and `packer.export`.
+    """
+    found = open_input(cfg.src, decode_check=cfg.decode_check)
+    found.source.options = {
+        **found.source.options,
+        "converted_from": found.kind,
+        "on_error": cfg.on_error,
+    }
+    if cfg.to != "packer":
+        from packer.export import export
+
+        return export(cfg, found.source, log=log)
+    repack_cfg = RepackConfig(
+        cfg.out,
+        format=cfg.format,
+        shard_size=cfg.shard_size,
+        on_error=cfg.on_error,
+        overwrite=cfg.overwrite,
+        resume=cfg.resume,
+        progress=cfg.progress,
+    )
+    return repack(repack_cfg, found.source, log=log)
