@@ -102,7 +102,7 @@ def _jsonl(objs: Iterable[dict[str, Any]]) -> Iterator[str]:
     return (json.dumps(obj, ensure_ascii=False) + "\n" for obj in objs)
 
 
-def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
+def publish_output(tmp: Path, out: Path, *, overwrite: bool) -> None:
     """Rename the finished `tmp` to `out` (replacing an old `out` only when asked)."""
     fsync_path(tmp)
     if out.exists() or out.is_symlink():
@@ -175,14 +175,15 @@ def _already_complete(
     )
 
 
-def _prepare_build_dir(
-    cfg: BuildConfig, tmp: Path, digest: str, say: Callable[[str], None]
+def prepare_build_dir(
+    tmp: Path, digest: str, say: Callable[[str], None], *, resume: bool
 ) -> set[int]:
-    """Make `tmp` ready for this build; return the planned shards already finished there."""
+    """Make `tmp` ready for a build of plan `digest`; return the planned shards finished there.
+
+    With `resume`, the finished shards of an interrupted build of the same plan are kept.
+    """
     if tmp.exists():
-        reusable = (
-            cfg.resume and load_plan_digest(tmp) == digest and not (tmp / MERGING_NAME).exists()
-        )
+        reusable = resume and load_plan_digest(tmp) == digest and not (tmp / MERGING_NAME).exists()
         if reusable:
             numbers = {parse_shard_name(p.name) for p in tmp.iterdir()} - {None}
             finished = {n for n in numbers if n is not None and read_done(tmp, n) is not None}
@@ -192,7 +193,7 @@ def _prepare_build_dir(
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
             say(f"resuming {tmp}: {len(finished)} finished shard(s) kept")
             return finished
-        if cfg.resume:
+        if resume:
             say(
                 f"cannot resume {tmp}: its inputs or options differ (or it was merging); "
                 "starting over"
@@ -203,7 +204,7 @@ def _prepare_build_dir(
                 "(--resume keeps its finished shards)"
             )
         shutil.rmtree(tmp)
-    elif cfg.resume:
+    elif resume:
         say(f"nothing to resume at {tmp}; building from the start")
     tmp.mkdir()
     return set()
@@ -286,7 +287,7 @@ def _build(
     digest = plan_digest(plan.entries, sizes, _output_options(cfg))
     if out_exists and not cfg.overwrite:  # --resume of a build that finished
         return _already_complete(cfg, digest, plan.entries, started)
-    finished = _prepare_build_dir(cfg, tmp, digest, say)
+    finished = prepare_build_dir(tmp, digest, say, resume=cfg.resume)
     save_plan(tmp, digest, shards)
 
     summary = BuildSummary(out=out)
@@ -332,7 +333,7 @@ def _build(
         for name in (PLAN_NAME, MERGING_NAME):
             (tmp / name).unlink(missing_ok=True)
         write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
-        _publish(tmp, out, overwrite=cfg.overwrite)
+        publish_output(tmp, out, overwrite=cfg.overwrite)
     except BaseException as exc:
         # an input error or a bug: nothing is kept. An interruption (Ctrl-C, a full disk,
         # a kill, a Ray task that kept dying): the finished shards stay for --resume; OUT is

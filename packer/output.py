@@ -267,3 +267,19 @@ def build_lock(out: Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 path.unlink()
         os.close(fd)
+
+
+def check_output_apart(out: Path, inputs: list[Path], *, build_dir: Path, overwrite: bool) -> None:
+    """`check_output` for a dataset written from other datasets (convert, merge, ...).
+
+    Each of `inputs` must lie apart from OUT and its build directory, as SRC must for a build.
+
+    Raises:
+        UnsafeOutputError: OUT does not name a directory, or is, holds or lies in an input.
+        NotADatasetError: `overwrite` onto something other than a packer dataset.
+    """
+    _check_name(out)
+    for path in inputs:
+        _check_apart(path, out, build_dir)
+    if overwrite:
+        check_replaceable(out)

@@ -145,6 +145,23 @@ def prepare_record(
     data = read_source(path, rel, root=root)
     if isinstance(data, Problem):
         return data
+    return prepare_bytes(rel, data, label, decode_check=decode_check, transform=transform)
+
+
+def prepare_bytes(
+    rel: str,
+    data: bytes,
+    label: Any,
+    *,
+    decode_check: bool = True,
+    transform: Transform | None = None,
+) -> Record | Problem:
+    """The checks and description of `prepare_record`, for bytes already read.
+
+    ``packer convert`` gives this the stored bytes of a dataset it has no index of, so that
+    they pass the same proof as a build's inputs (a decode, or with ``decode_check=False``
+    the header probe only).
+    """
     fmt = sniff_format(data[:SNIFF_BYTES])
     if fmt is None:
         return Problem(rel, P.NOT_IMAGE, "not an image (content matches no known image format)")

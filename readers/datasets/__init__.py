@@ -12,7 +12,7 @@ from typing import Any
 
 from readers.datasets.base import ON_ERROR, ShardedDataset
 from readers.errors import DatasetFormatError
-from readers.formats import REGISTRY
+from readers.formats import BARE_FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
 from readers.index import load_meta
 from readers.io.identity import meta_stamp, read_meta_once
@@ -24,9 +24,10 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     """Open whatever dataset is at `path`.
 
     Accepts a directory written by ``packer build`` (any registered format) or a bare copy of
-    a registered format: a bare LMDB in the PaddleOCR layout, or a bare MXNet ``.rec`` (with
+    a registered format: a bare LMDB in the PaddleOCR layout, a bare MXNet ``.rec`` (with
     its ``.idx``; the path of the ``.rec``, of the ``.idx``, their prefix, or a folder holding
-    one ``.rec``). Keyword arguments go to the dataset class.
+    one ``.rec``), or WebDataset ``.tar`` shards (a directory of them, or one). Keyword
+    arguments go to the dataset class.
 
     Raises:
         DatasetFormatError: `path` is none of these; the message says what was found.
@@ -41,12 +42,12 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
             raise DatasetFormatError(f"{root}: format {name!r} is not readable by this version")
         with read_meta_once(root, meta, stamp):  # the dataset reads no second copy
             return fmt.dataset_class()(root, **kwargs)  # type: ignore[no-any-return]
-    for fmt in REGISTRY.values():
+    for fmt in BARE_FORMATS.values():
         if fmt.find_bare(root) is not None:
             return fmt.dataset_class()(root, **kwargs)  # type: ignore[no-any-return]
-    hints = [f"{META_NAME} (packer build output)"] + [f.bare_hint for f in REGISTRY.values()]
+    hints = [f"{META_NAME} (packer build output)"] + [f.bare_hint for f in BARE_FORMATS.values()]
     expected = "expected " + ", ".join(hints[:-1]) + " or " + hints[-1]
-    near = [m for f in REGISTRY.values() if (m := f.near_miss(root)) is not None]
+    near = [m for f in BARE_FORMATS.values() if (m := f.near_miss(root)) is not None]
     if near:
         found = near[0]
     elif root.is_dir():

@@ -20,20 +20,16 @@ from readers.formats.recordio import (
     RecordIOError,
     cut_short,
     header_at,
-    read_idx,
     read_record_at,
-    scan_offsets,
     unpack_image_record,
+)
+from readers.formats.recordio.bare import (
+    indexed_images,
+    int_labels,
+    scan_images,
 )
 from readers.index import DatasetIndex
 from readers.io import handles
-
-
-def _int_labels(values: list[Any]) -> np.ndarray | None:
-    """The labels as int64 when every one is a single integral number, else None."""
-    if not values or not all(isinstance(v, float) and v.is_integer() for v in values):
-        return None
-    return np.asarray(values, dtype=np.int64)
 
 
 def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> None:
@@ -81,49 +77,6 @@ def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> N
     finally:
         if isinstance(buf, mmap.mmap):
             buf.close()
-
-
-def insightface_images(
-    idx: Path, keys: np.ndarray, offsets: np.ndarray, meta_at: int, meta_label: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and offsets of the images an InsightFace meta record announces: keys
-    ``1 .. label[0] - 1``; without a usable range, every key but the meta record's."""
-    end = float(meta_label[0]) if meta_label.size else 0.0
-    if not (end.is_integer() and 1 <= end <= len(keys)):
-        return np.delete(keys, meta_at), np.delete(offsets, meta_at)
-    wanted = np.arange(1, int(end), dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    pos = np.searchsorted(keys[order], wanted)
-    found = (pos < len(keys)) & (keys[order][np.minimum(pos, len(keys) - 1)] == wanted)
-    if not found.all():
-        missing = int(wanted[np.argmin(found)])
-        raise DatasetFormatError(
-            f"{idx}: the meta record (key 0) announces images with keys 1..{int(end) - 1}, "
-            f"but key {missing} is not in the index"
-        )
-    return wanted, offsets[order][pos]
-
-
-def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(keys, offsets, int labels or None)`` of the image records of a ``.rec`` without
-    ``.idx``, found by reading the whole file (records without image bytes are skipped)."""
-    try:
-        keys: list[int] = []
-        kept: list[int] = []
-        labels: list[Any] = []
-        for offset in scan_offsets(buf).tolist():
-            header, label, image_len = header_at(buf, offset)
-            if image_len == 0:  # a meta or identity record (InsightFace), not an image
-                continue
-            kept.append(offset)
-            keys.append(header.id)
-            labels.append(label)
-    except RecordIOError as exc:
-        raise DatasetFormatError(f"{rec}: not a readable RecordIO file ({exc})") from exc
-    if not kept:
-        raise DatasetFormatError(f"{rec}: holds no image records")
-    key_array = np.asarray(keys, dtype=np.uint64).astype(np.int64)
-    return key_array, np.asarray(kept, dtype=np.int64), _int_labels(labels)
 
 
 class RecordIODataset(ShardedDataset):
@@ -209,39 +162,7 @@ class RecordIODataset(ShardedDataset):
         return self._shard_paths[shard], begin, end
 
     def _open_with_idx(self, rec: Path, idx: Path) -> None:
-        try:
-            keys, offsets = read_idx(idx)
-        except (RecordIOError, OSError) as exc:
-            raise DatasetFormatError(f"{idx}: cannot read the index ({exc})") from exc
-        if len(keys) == 0:
-            raise DatasetFormatError(f"{idx}: no records listed")
-        buf = self._handle(0)
-        size = len(buf)
-        if int(offsets.max()) >= size:
-            at = int(np.argmax(offsets >= size))
-            raise DatasetFormatError(
-                f"{idx}: key {int(keys[at])} has offset {int(offsets[at])}, past the end of "
-                f"{rec} ({size} bytes); is the .rec cut short or the .idx from another file?"
-            )
-        last = int(offsets.max())
-        cut = cut_short(buf, last)
-        if cut is not None:
-            raise DatasetFormatError(
-                f"{rec}: the last record (offset {last}, from {idx}) {cut}; is the .rec cut short?"
-            )
-        zero = np.flatnonzero(keys == 0)
-        if zero.size:
-            try:
-                header, label, image_len = header_at(buf, int(offsets[zero[0]]))
-            except RecordIOError as exc:
-                raise DatasetFormatError(
-                    f"{rec}: the record of key 0 at offset {int(offsets[zero[0]])} does not "
-                    f"parse ({exc})"
-                ) from exc
-            if header.flag > 0 and image_len == 0:
-                self.meta_label = np.asarray(label, dtype=np.float32)
-                keys, offsets = insightface_images(idx, keys, offsets, zero[0], self.meta_label)
-        self.keys, self.offsets = keys, offsets
+        self.keys, self.offsets, self.meta_label = indexed_images(rec, idx, self._handle(0))
 
     @property
     def labels(self) -> np.ndarray | None:
@@ -253,7 +174,7 @@ class RecordIODataset(ShardedDataset):
         if not self._bare_labels_known:
             buf = self._handle(0)
             values = [header_at(buf, int(o))[1] for o in self.offsets]
-            self._bare_labels, self._bare_labels_known = _int_labels(values), True
+            self._bare_labels, self._bare_labels_known = int_labels(values), True
         return self._bare_labels
 
     def _where(self, i: int, shard: int) -> str:

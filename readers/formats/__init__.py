@@ -7,7 +7,7 @@ package imports paddle, so `packer` can use it without pulling in the training s
 
 from __future__ import annotations
 
-from readers.formats import lmdb, recordio
+from readers.formats import lmdb, recordio, webdataset
 from readers.formats.base import ShardFormat
 
 REGISTRY: dict[str, ShardFormat] = {
@@ -16,6 +16,13 @@ REGISTRY: dict[str, ShardFormat] = {
 }
 """Every format readers can open, in the order bare paths are tried; the first is the
 default of ``packer build``."""
+
+READ_ONLY: dict[str, ShardFormat] = {webdataset.FORMAT.name: webdataset.FORMAT}
+"""Formats readers open only as bare copies (``open_dataset``, ``packer convert``), which packer
+does not write datasets in: no writer, no meta.json, no ``packer verify`` checks."""
+
+BARE_FORMATS: dict[str, ShardFormat] = {**REGISTRY, **READ_ONLY}
+"""Every format a bare copy of may be opened, in the order bare paths are tried."""
 
 FORMATS: tuple[str, ...] = tuple(REGISTRY)
 """The registered format names."""
@@ -26,4 +33,4 @@ def get_format(name: str) -> ShardFormat | None:
     return REGISTRY.get(name)
 
 
-__all__ = ["FORMATS", "REGISTRY", "ShardFormat", "get_format"]
+__all__ = ["BARE_FORMATS", "FORMATS", "READ_ONLY", "REGISTRY", "ShardFormat", "get_format"]

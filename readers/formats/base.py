@@ -9,10 +9,34 @@ testing the format's name. Nothing here imports paddle.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+StoredItem = tuple[bytes, Any] | str
+"""One record as stored: ``(bytes, label)``, or why it holds no image bytes."""
+
+
+@dataclass
+class StoredRecords:
+    """The records of a bare copy of a format, read as stored (nothing is decoded).
+
+    Attributes:
+        files: the files they are read from (what identifies the copy).
+        names: per record, the name it is known by (a key, a tar member).
+        sizes: per record, the stored bytes (0 for one that holds no image).
+        read: ``read(start, stop)`` yields records ``start..stop-1``, one `StoredItem` each.
+        label_source: how the labels were found (for meta.json).
+    """
+
+    files: list[Path]
+    names: list[str]
+    sizes: list[int]
+    read: Callable[[int, int], Iterator[StoredItem]]
+    label_source: str = "none"
 
 
 class ShardFormat:
@@ -58,6 +82,19 @@ class ShardFormat:
 
         The result is what to pass to the dataset or to ``packer verify``. A packed dataset
         directory is never bare.
+        """
+        raise NotImplementedError
+
+    def stored_records(self, found: Any) -> StoredRecords:
+        """The records of the bare copy that `find_bare` found, as stored (for conversion)."""
+        raise NotImplementedError
+
+    def read_stored(
+        self, shard_path: str, keys: Sequence[str], offsets: Sequence[int] | None
+    ) -> Iterator[bytes]:
+        """The stored bytes of records of the packed shard at `shard_path`, in order.
+
+        `keys` and `offsets` are the records' index ``key`` and ``offset`` fields.
         """
         raise NotImplementedError
 

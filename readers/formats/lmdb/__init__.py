@@ -12,10 +12,11 @@ one lookup's path for readers); ``env`` opens a shard. This package imports no p
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from readers.formats.base import ShardFormat
+from readers.formats.base import ShardFormat, StoredRecords
 from readers.formats.layout import META_NAME
 from readers.formats.lmdb.env import open_lmdb_readonly, shared_lmdb
 from readers.formats.lmdb.keys import (
@@ -84,6 +85,20 @@ class LmdbFormat(ShardFormat):
     def open_shard(self, path: str) -> Any:
         """Return the shared read-only LMDB environment of the shard at `path`."""
         return shared_lmdb(path)
+
+    def stored_records(self, found: Path) -> StoredRecords:
+        """Return the records of the bare LMDB `found`, as stored."""
+        from readers.formats.lmdb.stored import bare_records
+
+        return bare_records(found)
+
+    def read_stored(
+        self, shard_path: str, keys: Sequence[str], offsets: Sequence[int] | None
+    ) -> Iterator[bytes]:
+        """Return the stored bytes of `keys` in the packed shard at `shard_path`."""
+        from readers.formats.lmdb.stored import read_stored
+
+        return read_stored(shard_path, keys)
 
     def find_bare(self, path: Path) -> Path | None:
         """Return `path` when it is a bare LMDB directory (a data file, no meta.json), else None."""

@@ -12,11 +12,12 @@ package imports no paddle and no packer.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from readers import handles
-from readers.formats.base import ShardFormat
+from readers.formats.base import ShardFormat, StoredRecords
 from readers.formats.recordio.ids import IR_ID_OFFSET, rewrite_ids
 from readers.formats.recordio.idx import (
     IDX_SUFFIX,
@@ -140,6 +141,22 @@ class RecordIOFormat(ShardFormat):
     def find_bare(self, path: Path) -> tuple[Path, Path | None] | None:
         """Return the ``.rec`` / ``.idx`` pair that `path` names, or None."""
         return find_recordio_pair(path)
+
+    def stored_records(self, found: tuple[Path, Path | None]) -> StoredRecords:
+        """Return the image records of the bare pair `found`, as stored."""
+        from readers.formats.recordio.bare import bare_records
+
+        return bare_records(found, shared_rec(str(found[0])))
+
+    def read_stored(
+        self, shard_path: str, keys: Sequence[str], offsets: Sequence[int] | None
+    ) -> Iterator[bytes]:
+        """Return the image bytes of the records at `offsets` of the shard at `shard_path`."""
+        from readers.formats.recordio.bare import read_stored
+
+        if offsets is None:
+            raise ValueError(f"{shard_path}: RecordIO records are read at their offsets")
+        return read_stored(shared_rec(shard_path), offsets)
 
     def near_miss(self, path: Path) -> str | None:
         """Say why `path` is almost, but not, a bare RecordIO file, or None."""

@@ -1,0 +1,300 @@
+"""Write a packer dataset from records that exist already (stored bytes, label, path, size).
+
+`repack` is ``packer build`` without the scan and the image preparation: the caller hands it
+`Record` values (or `Problem` values for inputs it could not use) in id order, with each
+one's stored size for the shard plan, and it writes them through the registered shard writer
+(`packer.writers`), merges the index, writes ``errors.jsonl``, ``warnings.jsonl`` and
+``meta.json`` (`readers.meta.make_meta`) and publishes OUT atomically (``.OUT.partial`` and a
+rename, under the build lock), exactly as a build does. Finished shards leave completion
+markers, so ``resume=True`` after an interruption keeps them and writes only the rest; the
+result is then identical to an uninterrupted run. ``packer convert`` (and append, merge,
+split) use it; nothing here decodes an image.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer import __version__
+from packer.build import BuildSummary, prepare_build_dir, publish_output, temp_dir_for
+from packer.engines import progress_bar
+from packer.errors import ConfigError, DiskFullError, InputError, OutputExistsError, PackerError
+from packer.formats import FORMATS
+from packer.output import build_lock, check_output_apart, prepare_parent
+from packer.plan import (
+    MERGING_NAME,
+    PLAN_NAME,
+    OutputDiffersError,
+    ShardPlan,
+    plan_shards,
+    save_plan,
+)
+from packer.problems import Problem
+from packer.records import Record
+from packer.writers.merge import merge_parts
+from packer.writers.part import ShardPart, part_paths, read_done
+from readers.durable import write_durably
+from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME, shard_name
+from readers.index import fingerprint
+from readers.meta import make_meta
+
+Item = Record | Problem
+"""One input of a repack: a record to store, or why it cannot be stored."""
+
+
+@dataclass(frozen=True)
+class RepackConfig:
+    """Where and how `repack` writes: the build options that are not about preparing images.
+
+    Attributes:
+        out: the dataset directory to write.
+        format: a format registered in `packer.formats`.
+        shard_size: the most stored bytes per shard (a shard holds at least one record).
+        on_error: ``skip`` (bad inputs go to errors.jsonl) or ``fail`` (the first one stops).
+        overwrite: replace an existing OUT (only a packer dataset).
+        resume: keep the finished shards of an interrupted run of the same plan, and accept an
+            OUT finished from the same plan as done.
+        progress: show a progress bar (None: when stderr is a terminal).
+    """
+
+    out: Path
+    format: str = next(iter(FORMATS))
+    shard_size: int = 1 << 30
+    on_error: str = "skip"
+    overwrite: bool = False
+    resume: bool = False
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
+        if self.on_error not in ("skip", "fail"):
+            raise ConfigError(f"--on-error {self.on_error!r}: expected skip or fail")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard-size {self.shard_size}: must be positive")
+
+
+@dataclass
+class RepackSource:
+    """What `repack` writes, described before any record is read.
+
+    Attributes:
+        sizes: the stored size of each input, in id order (plans the shards; a problem's
+            input may give 0).
+        read: ``read(start, stop)`` yields the items of inputs ``start..stop-1`` in order,
+            exactly one per input (called once per shard to write).
+        identity: text that changes whenever the inputs change (their paths, sizes,
+            modification times or digests); with `sizes` and the options it makes the plan
+            digest that ``--resume`` compares.
+        inputs: the paths read (OUT must lie apart from them).
+        source: what meta.json records as ``source``.
+        options: what meta.json records as ``options`` (the output-deciding ones).
+        classes: class names (index = class id), when labels are class ids.
+        label_source: meta.json's ``label_source``.
+        class_map: meta.json's ``class_map``.
+        problems: inputs found unusable before writing (they go to errors.jsonl first).
+    """
+
+    sizes: list[int]
+    read: Callable[[int, int], Iterator[Item]]
+    identity: str
+    inputs: list[Path] = field(default_factory=list)
+    source: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    classes: list[str] | None = None
+    label_source: str = "none"
+    class_map: Any = None
+    problems: list[Problem] = field(default_factory=list)
+
+
+def repack_digest(cfg: RepackConfig, source: RepackSource) -> str:
+    """The plan digest: the inputs' identity, their sizes, the format and the options."""
+    digest = hashlib.sha256()
+    options = {**source.options, "format": cfg.format, "shard_size": cfg.shard_size}
+    digest.update(json.dumps(options, sort_keys=True, default=str).encode())
+    digest.update(b"\0" + source.identity.encode() + b"\0")
+    digest.update(json.dumps(source.sizes).encode())
+    return digest.hexdigest()
+
+
+def _jsonl(objs: Iterable[dict[str, Any]]) -> Iterator[str]:
+    return (json.dumps(obj, ensure_ascii=False) + "\n" for obj in objs)
+
+
+def repack(
+    cfg: RepackConfig, source: RepackSource, *, log: Callable[[str], None] | None = None
+) -> BuildSummary:
+    """Write the items of `source` as the dataset ``cfg.out``, like ``packer build`` would.
+
+    Raises:
+        BuildLockedError: another build of the same OUT is running.
+        UnsafeOutputError, NotADatasetError, OutputParentError: see `packer.output`.
+        OutputExistsError: OUT exists (without overwrite or resume).
+        OutputDiffersError: ``--resume`` of an OUT finished from another plan.
+        InputError: a bad input with ``on_error="fail"``.
+        PackerError: no input could be stored.
+    """
+    tmp = temp_dir_for(cfg.out)
+    check_output_apart(cfg.out, source.inputs, build_dir=tmp, overwrite=cfg.overwrite)
+    prepare_parent(cfg.out)
+    with build_lock(cfg.out):
+        return _repack(cfg, source, tmp, log or (lambda msg: print(msg, file=sys.stderr)))
+
+
+def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:
+    try:
+        with open(out / META_NAME, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError):
+        raise OutputExistsError(str(out)) from None
+    if meta.get("plan_digest") != digest:
+        raise OutputDiffersError(str(out), ["its inputs or options differ from this run's"])
+    return BuildSummary(
+        out=out,
+        packed=int(meta.get("num_samples", 0)),
+        skipped=int(meta.get("num_errors", 0)),
+        bytes=int(meta.get("payload_bytes", 0)),
+        shards=int(meta.get("num_shards", 0)),
+        seconds=time.perf_counter() - started,
+        already_complete=True,
+    )
+
+
+def _write_shards(
+    cfg: RepackConfig,
+    source: RepackSource,
+    tmp: Path,
+    shards: list[ShardPlan],
+    finished: set[int],
+) -> None:
+    """Write the planned shards not in `finished`, in order, in this process."""
+    shard_cls = FORMATS[cfg.format].writer
+    total = len(source.sizes)
+    with progress_bar(total, cfg.progress) as bar:
+        first_id = 0
+        for shard in shards:
+            done = read_done(tmp, shard.number) if shard.number in finished else None
+            if done is not None:
+                bar.update(shard.stop - shard.start)
+                first_id += int(done["count"])
+                continue
+            part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)
+            for path in shard_cls.paths(tmp / shard_name(shard.number)):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            part = ShardPart(tmp, shard.number, shard_cls, first_id=first_id)
+            try:
+                problems: list[Problem] = []
+                count = 0
+                for item in source.read(shard.start, shard.stop):
+                    count += 1
+                    found = item if isinstance(item, Problem) else shard_cls.check(item)
+                    if found is not None:
+                        if cfg.on_error == "fail":
+                            raise InputError(found.path, found.reason, found.message)
+                        problems.append(found)
+                    else:
+                        assert isinstance(item, Record)
+                        part.add(item)
+                    if count % 256 == 0:
+                        bar.update(256)
+                if count != shard.stop - shard.start:
+                    raise RuntimeError(
+                        f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
+                    )
+                bar.update(count % 256)
+                done = part.finish(problems)
+            except BaseException:
+                part.abort()
+                raise
+            first_id += int(done["count"])
+
+
+def _repack(
+    cfg: RepackConfig, source: RepackSource, tmp: Path, say: Callable[[str], None]
+) -> BuildSummary:
+    started = time.perf_counter()
+    out = cfg.out
+    out_exists = out.exists() or out.is_symlink()
+    if out_exists and not cfg.overwrite and not cfg.resume:
+        raise OutputExistsError(str(out))
+    if source.problems and cfg.on_error == "fail":
+        first = source.problems[0]
+        raise InputError(first.path, first.reason, first.message)
+    digest = repack_digest(cfg, source)
+    if out_exists and not cfg.overwrite:  # --resume of a run that finished
+        return _already_complete(out, digest, started)
+    shards = plan_shards(source.sizes, cfg.shard_size)
+    finished = prepare_build_dir(tmp, digest, say, resume=cfg.resume)
+    save_plan(tmp, digest, shards)
+    shard_cls = FORMATS[cfg.format].writer
+    try:
+        _write_shards(cfg, source, tmp, shards, finished)
+        (tmp / MERGING_NAME).touch()
+        merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
+        found = source.problems + merged.problems
+        if merged.num_samples == 0:
+            shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
+            raise PackerError(
+                f"no record of {source.source} could be stored ({len(found)} problems"
+                + (f": {shown}" if shown else "")
+                + ")"
+            )
+        write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
+        notes = sorted(merged.notes, key=lambda n: (n["path"], n["reason"]))
+        write_durably(tmp / WARNINGS_NAME, _jsonl(notes))
+        meta = make_meta(
+            format=cfg.format,
+            num_samples=merged.num_samples,
+            shards=merged.shards,
+            classes=source.classes,
+            label_source=source.label_source,
+            class_map=source.class_map,
+            label_kind=merged.label_kind,
+            source=source.source,
+            options={**source.options, "format": cfg.format, "shard_size": cfg.shard_size},
+            tool_version=__version__,
+            payload_bytes=merged.payload_bytes,
+            num_errors=len(found),
+            num_warnings=len(notes),
+            index_sha256=merged.index_sha256,
+            index_fingerprint=fingerprint(tmp / INDEX_NAME),
+            writer=shard_cls.describe(),
+            plan_digest=digest,
+        )
+        for name in (PLAN_NAME, MERGING_NAME):
+            (tmp / name).unlink(missing_ok=True)
+        write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
+        publish_output(tmp, out, overwrite=cfg.overwrite)
+    except BaseException as exc:
+        # as in a build: an input error or a bug removes everything; an interruption keeps
+        # the finished shards for --resume. OUT is not there either way.
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise DiskFullError(str(tmp), str(exc)) from exc
+        if not isinstance(exc, (OSError, KeyboardInterrupt)):
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    summary = BuildSummary(
+        out=out,
+        packed=merged.num_samples,
+        skipped=len(found),
+        bytes=merged.payload_bytes,
+        shards=len(merged.shards),
+        seconds=time.perf_counter() - started,
+    )
+    for p in found:
+        summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
+    return summary
