@@ -362,6 +362,54 @@ def append(
     typer.echo(summary.line())
 
 
+@app.command()
+def merge(
+    out: Annotated[Path, typer.Argument(help="The dataset to write.")],
+    sources: Annotated[list[Path], typer.Argument(help="Two or more datasets of one format.")],
+    shard_size: Annotated[str, typer.Option(help="As for build.")] = "1GiB",
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Keep the finished shards of an interrupted run.")
+    ] = False,
+) -> None:
+    """One dataset from several of the same format, records copied without decoding; class
+    names united (ids remapped, each source's map in meta.json)."""
+    from packer.regroup import merge_datasets
+
+    try:
+        summary = merge_datasets(
+            out, sources, shard_size=parse_size(shard_size), overwrite=overwrite, resume=resume
+        )
+    except PackerError as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+@app.command()
+def split(
+    out: Annotated[Path, typer.Argument(help="The dataset to split (read only).")],
+    into: Annotated[Path, typer.Argument(help="Directory to write DIR/<part> into.")],
+    parts: Annotated[str, typer.Option("--into", help="Parts and fractions: train=0.9,val=0.1.")],
+    seed: Annotated[int, typer.Option(help="The same seed gives the same parts.")] = 0,
+    stratify: Annotated[bool, typer.Option(help="Each label split by the fractions.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace parts that are packer datasets.")
+    ] = False,
+) -> None:
+    """Write DIR/train, DIR/val, ... as datasets: disjoint, together all of OUT, records
+    copied without decoding."""
+    from packer.regroup import parse_fractions, split_dataset
+
+    try:
+        summaries = split_dataset(
+            out, into, parse_fractions(parts), seed=seed, stratify=stratify, overwrite=overwrite
+        )
+    except PackerError as exc:
+        raise _fail(exc) from None
+    for summary in summaries.values():
+        typer.echo(summary.line())
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="packer")
