@@ -391,6 +391,112 @@ def convert(
 app.command(name="stage")(stage_command)
 
 
+@app.command()
+def append(
+    out: Annotated[Path, typer.Argument(help="The packed dataset to add to (changed in place).")],
+    src: Annotated[Path, typer.Argument(help="Directory tree of the new images.")],
+    labels: Annotated[
+        list[str] | None, typer.Option(help="As for build (default: OUT's own --labels).")
+    ] = None,
+    label_depth: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    class_map: Annotated[
+        str,
+        typer.Option(
+            help="keep: a class name OUT lacks is an error; grow: new names get the next ids "
+            "after OUT's (old ids never change)."
+        ),
+    ] = "keep",
+    shard_size: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    workers: Annotated[int, typer.Option(help="As for build (default: all cores).")] = 0,
+    decode_check: Annotated[
+        bool | None,
+        typer.Option("--decode-check/--no-decode-check", help="As for build (default: OUT's)."),
+    ] = None,
+    on_error: Annotated[str | None, typer.Option(help="skip or fail (default: OUT's).")] = None,
+    resize: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    encode: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    quality: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    max_pixels: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = None,
+) -> None:
+    """Add SRC's images to OUT as new shards; OUT is the old or the new dataset at every
+    moment (ids, shards and bytes already in OUT never change)."""
+    from packer.append import append as run_append
+    from packer.append import append_config, read_dataset
+
+    try:
+        cfg = append_config(
+            out,
+            src,
+            read_dataset(out),
+            labels=tuple(labels) if labels else None,
+            label_depth=label_depth,
+            shard_size=parse_size(shard_size) if shard_size else None,
+            workers=workers or usable_cores(),
+            decode_check=decode_check,
+            on_error=on_error,
+            progress=progress,
+            resize=resize,
+            encode=encode,
+            quality=quality,
+            max_pixels=max_pixels,
+        )
+        summary = run_append(cfg, class_map=class_map)
+    except PackerError as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+@app.command()
+def merge(
+    out: Annotated[Path, typer.Argument(help="The dataset to write.")],
+    sources: Annotated[list[Path], typer.Argument(help="Two or more datasets of one format.")],
+    shard_size: Annotated[str, typer.Option(help="As for build.")] = "1GiB",
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Keep the finished shards of an interrupted run.")
+    ] = False,
+) -> None:
+    """One dataset from several of the same format, records copied without decoding; class
+    names united (ids remapped, each source's map in meta.json)."""
+    from packer.regroup import merge_datasets
+
+    try:
+        summary = merge_datasets(
+            out, sources, shard_size=parse_size(shard_size), overwrite=overwrite, resume=resume
+        )
+    except PackerError as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+@app.command()
+def split(
+    out: Annotated[Path, typer.Argument(help="The dataset to split (read only).")],
+    into: Annotated[Path, typer.Argument(help="Directory to write DIR/<part> into.")],
+    parts: Annotated[str, typer.Option("--into", help="Parts and fractions: train=0.9,val=0.1.")],
+    seed: Annotated[int, typer.Option(help="The same seed gives the same parts.")] = 0,
+    stratify: Annotated[bool, typer.Option(help="Each label split by the fractions.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace parts that are packer datasets.")
+    ] = False,
+) -> None:
+    """Write DIR/train, DIR/val, ... as datasets: disjoint, together all of OUT, records
+    copied without decoding."""
+    from packer.regroup import parse_fractions, split_dataset
+
+    try:
+        summaries = split_dataset(
+            out, into, parse_fractions(parts), seed=seed, stratify=stratify, overwrite=overwrite
+        )
+    except PackerError as exc:
+        raise _fail(exc) from None
+    for summary in summaries.values():
+        typer.echo(summary.line())
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="packer")

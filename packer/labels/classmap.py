@@ -139,3 +139,47 @@ def apply_class_map(
         else:
             entries.append(Entry(entry.file, value))
     return entries
+
+
+class ClassGrowthError(LabelSourceError):
+    """Labels name classes that the dataset has not got, and growing was not asked for."""
+
+    def __init__(self, where: str, new: list[str], known: int) -> None:
+        shown = ", ".join(repr(n) for n in new[:10]) + (", ..." if len(new) > 10 else "")
+        super().__init__(
+            f"{where}: {len(new)} class name(s) not among the dataset's {known} classes "
+            f"({shown}); pass --class-map grow to add them after the existing ones (old ids "
+            "stay as they are), or remove those images"
+        )
+        self.new = new
+
+
+def unite_classes(
+    known: list[str], found: list[str], *, grow: bool, where: str = "SRC"
+) -> tuple[list[str], list[int]]:
+    """Return the class names `known` followed by the names of `found` it lacks, in order.
+
+    Each known name keeps its id; new names get the next ids. The second value maps each id of
+    `found` to its id in the united list.
+
+    Raises:
+        ClassGrowthError: `found` has names `known` lacks and `grow` is False.
+    """
+    ids = {name: i for i, name in enumerate(known)}
+    new = [name for name in found if name not in ids]
+    if new and not grow:
+        raise ClassGrowthError(where, new, len(known))
+    united = [*known, *new]
+    ids.update((name, len(known) + i) for i, name in enumerate(new))
+    return united, [ids[name] for name in found]
+
+
+def remap_label(label: Any, table: list[int]) -> Any:
+    """A class id (or list of ids) -> ``table[id]``; any other label is returned as it is."""
+    if isinstance(label, int) and not isinstance(label, bool):
+        return table[label]
+    if isinstance(label, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in label
+    ):
+        return [table[v] for v in label]
+    return label

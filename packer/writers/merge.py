@@ -98,6 +98,38 @@ class IndexWriter:
         self.payload_bytes += int(done["bytes"])
         self.label_kinds.update(done["label_kinds"])
 
+    def add_dataset(self, root: Path, meta: dict[str, Any]) -> None:
+        """Copy the index of the finished dataset `root` (its `meta`) first, unchanged.
+
+        ``packer append`` keeps every old line byte for byte; the new parts follow it.
+        """
+        if self.num_samples:
+            raise ValueError("a dataset's index can only come first")
+        lines = 0
+        with open(root / INDEX_NAME, encoding="utf-8", newline="\n") as f:
+            for line in f:
+                self._index.write(line)
+                self._hash.update(line.encode("utf-8"))
+                lines += 1
+        rows = 0
+        for batch in pq.ParquetFile(root / INDEX_COLUMNAR_NAME).iter_batches(65536):
+            table = pa.Table.from_batches([batch]).select(PARQUET_SCHEMA.names)
+            if table.schema != PARQUET_SCHEMA:
+                table = table.cast(PARQUET_SCHEMA)
+            self._pending.append(table)
+            self._pending_rows += table.num_rows
+            rows += table.num_rows
+            while self._pending_rows >= _ROW_GROUP:
+                self._flush(_ROW_GROUP)
+        if lines != int(meta["num_samples"]) or rows != lines:
+            raise ValueError(
+                f"{root}: {lines} index lines and {rows} index.parquet rows, "
+                f"{meta['num_samples']} samples in meta.json"
+            )
+        self.num_samples = lines
+        self.payload_bytes = int(meta.get("payload_bytes") or 0)
+        self.label_kinds.add(str(meta.get("label_kind") or "json"))
+
     def _flush(self, rows: int) -> None:
         """Write the first `rows` pending rows as one row group (whatever the shard sizes)."""
         table = pa.concat_tables(self._pending)
@@ -162,6 +194,7 @@ def merge_parts(
     *,
     shard_cls: type[ShardWriter] | None = None,
     compressed: bool = False,
+    after: tuple[Path, dict[str, Any]] | None = None,
 ) -> MergeResult:
     """Turn the finished parts of planned shards `numbers` into the dataset's index.
 
@@ -170,12 +203,18 @@ def merge_parts(
     with another first id than the one it gets (by a parallel writer) is renumbered by
     ``shard_cls.renumber``, which must then be given.  `compressed`: the build compresses
     raw pixels, so index.parquet has a ``compression`` column.
+
+    `after` (a finished dataset and its meta.json, for ``packer append``): its index lines and
+    shard table come first, unchanged, and the parts' ids and shard numbers continue after it.
     """
     index = IndexWriter(root, compressed=compressed)
     shards: list[dict[str, Any]] = []
     problems: list[Problem] = []
     notes: list[dict[str, Any]] = []
     try:
+        if after is not None:
+            index.add_dataset(*after)
+            shards.extend(dict(s) for s in after[1]["shards"])
         for number in numbers:
             done = read_done(root, number)
             if done is None:

@@ -130,7 +130,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_drop_inherited)
 
 
-def acquire(kind: str, path: str, opener: Callable[[str], Any], *, fds: int = 1) -> Entry:
+def acquire(
+    kind: str,
+    path: str,
+    opener: Callable[[str], Any],
+    *,
+    fds: int = 1,
+    identity: str | None = None,
+) -> Entry:
     """The process's open `Entry` of `kind` for `path`, opened by ``opener(path)`` if needed.
 
     `fds` is how many descriptors the handle keeps open. Opening first closes least recently
@@ -140,8 +147,12 @@ def acquire(kind: str, path: str, opener: Callable[[str], Any], *, fds: int = 1)
     """
     real = os.path.realpath(path)
     try:
-        st = os.stat(real)
-        key = (f"{kind}:{st.st_dev}:{st.st_ino}", real)
+        if identity is not None:  # one handle per file, whichever path (hard link) names it
+            st = os.stat(identity)
+            key = (f"{kind}:{st.st_dev}:{st.st_ino}", "")
+        else:
+            st = os.stat(real)
+            key = (f"{kind}:{st.st_dev}:{st.st_ino}", real)
     except OSError:
         key = (kind, real)  # the opener says what is wrong
     with _lock:
@@ -217,12 +228,18 @@ class ShardHandles:
         return entry is not None and not entry.open
 
 
-def shared_handle(kind: str, path: str, opener: Callable[[str], Any]) -> Any:
+def shared_handle(
+    kind: str, path: str, opener: Callable[[str], Any], *, identity: str | None = None
+) -> Any:
     """The process's handle of `kind` for `path`, opened by `opener(path)` on first use.
+
+    `identity`: the file whose device and inode alone key the handle (an LMDB shard's
+    ``data.mdb``: py-lmdb refuses a second environment of the same file in one process, also
+    through another hard link, as ``packer append`` and ``merge`` leave them).
 
     It stays valid until it is closed to make room for others (`entry_of(handle).open`).
     """
-    return acquire(kind, path, opener).handle
+    return acquire(kind, path, opener, identity=identity).handle
 
 
 def open_mmap_readonly(path: str) -> mmap.mmap | bytes:

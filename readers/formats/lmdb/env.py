@@ -64,4 +64,5 @@ def open_lmdb_readonly(path: str) -> Any:
 
 def shared_lmdb(path: str) -> Any:
     """The process's read-only LMDB environment for the shard directory `path`."""
-    return handles.shared_handle("lmdb", path, open_lmdb_readonly)
+    data = os.path.join(path, DATA_FILE)
+    return handles.shared_handle("lmdb", path, open_lmdb_readonly, identity=data)

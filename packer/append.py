@@ -1,0 +1,387 @@
+"""``packer append OUT SRC``: SRC's images become new shards of OUT; what OUT held stays.
+
+Every old index line, shard and byte is kept: the new dataset is assembled in the hidden
+``.OUT.partial`` beside OUT, holding the old shards as hard links (same inodes, no copy), the
+new shards written by the build's own engines with shard numbers after the old ones, the old
+index lines followed by the new ones, and a new meta.json. It then takes OUT's place in one
+``renameat2(RENAME_EXCHANGE)`` (`packer.swap`), so the path OUT names the old dataset or the
+new one at every moment, whatever is killed when; the old directory, now at the hidden name,
+is removed last (by the next append or build if a kill comes first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from packer import __version__
+from packer.build import _jsonl, _output_options, run_engine, temp_dir_for
+from packer.config import BuildConfig
+from packer.errors import ConfigError, InputError, NotADatasetError, PackerError
+from packer.formats import FORMATS
+from packer.job import BuildJob
+from packer.labels import plan_labels
+from packer.labels.classmap import remap_label, unite_classes
+from packer.output import build_lock, check_output, check_replaceable
+from packer.plan import ShardPlan, plan_digest, plan_shards, save_plan, source_sizes
+from packer.problems import DUPLICATE, Problem
+from packer.records import Entry
+from packer.scan import name_collisions
+from packer.swap import exchange_dirs, link_entry
+from packer.transform import Transform, parse_resize
+from packer.writers.merge import merge_parts
+from readers.durable import fsync_path, write_durably
+from readers.formats.layout import (
+    ERRORS_NAME,
+    INDEX_NAME,
+    META_NAME,
+    WARNINGS_NAME,
+    parse_shard_name,
+)
+from readers.index import fingerprint
+from readers.meta import load_meta, make_meta
+
+CLASS_GROWTH = ("keep", "grow")
+"""``--class-map`` of an append: keep (a new class name is an error) or grow."""
+
+KILL_AT_ENV = "PACKER_APPEND_KILL_AT"
+"""Test hook: ``kill -9`` the appending process itself at the named step (`STEPS`)."""
+
+STEPS = ("linked", "shards", "index", "meta", "swapped")
+"""Where an append can be killed for the tests: old shards linked; new shards written; index
+merged; meta.json written (all before the exchange); exchanged (old directory not removed)."""
+
+
+@dataclass
+class AppendSummary:
+    """What an append did: images added and skipped, the new shards and classes."""
+
+    out: Path
+    appended: int = 0
+    skipped: int = 0
+    first_id: int = 0
+    shards: int = 0
+    new_classes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """Return the one-line summary that ``packer append`` prints."""
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.reasons.items()))
+        skipped = f"skipped {self.skipped}" + (
+            f" ({reasons}; see {ERRORS_NAME})" if reasons else ""
+        )
+        grown = f", new classes {self.new_classes}" if self.new_classes else ""
+        return (
+            f"appended {self.appended} images as ids {self.first_id}.."
+            f"{self.first_id + self.appended - 1} in {self.shards} new "
+            f"shard{'s' if self.shards != 1 else ''}{grown}, {skipped}, in "
+            f"{self.seconds:.1f} s -> {self.out}"
+        )
+
+
+def _checkpoint(step: str) -> None:
+    """The test hook: die here, as by ``kill -9``, when `KILL_AT_ENV` names this step."""
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def read_dataset(out: Path) -> dict[str, Any]:
+    """The meta.json of the dataset OUT that an append, merge or split reads.
+
+    Raises:
+        NotADatasetError: OUT is missing or not a packer dataset.
+    """
+    if not out.is_dir():
+        raise NotADatasetError(str(out), "does not exist" if not out.exists() else "is a file")
+    check_replaceable(out)
+    try:
+        return load_meta(out)
+    except Exception as exc:  # a DatasetFormatError: not something we can add to
+        raise NotADatasetError(str(out), f"has an unusable {META_NAME} ({exc})") from None
+
+
+def _index_paths(out: Path) -> dict[str, int]:
+    """Each source path in OUT's index and its id."""
+    paths: dict[str, int] = {}
+    with open(out / INDEX_NAME, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            paths[str(json.loads(line)["path"])] = n
+    return paths
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a JSONL file of the dataset (none when it is missing)."""
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            if line.strip():
+                yield line if line.endswith("\n") else line + "\n"
+
+
+_TRANSFORM_KEYS = ("resize", "encode", "quality", "max_pixels")
+
+
+def append_config(out: Path, src: Path, meta: dict[str, Any], **given: Any) -> BuildConfig:
+    """The build config of an append: OUT's recorded options, where `given` does not set one.
+
+    `given` holds `BuildConfig` fields and the transform's ``resize``, ``encode``,
+    ``quality`` and ``max_pixels`` (None: not given). The format is always OUT's; labels,
+    label depth, shard size, the decode check, ``on_error`` and the transform default to what
+    OUT was built with, so new images are packed like the old ones.
+
+    Raises:
+        ConfigError: a given option is invalid, or ``format`` is not OUT's.
+    """
+    options = dict(meta.get("options") or {})
+    fmt = str(meta["format"])
+    if given.get("format") not in (None, fmt):
+        raise ConfigError(
+            f"--format {given['format']}: {out} is a {fmt} dataset; its new shards are {fmt} "
+            "too (drop --format, or build another dataset)"
+        )
+    given = {k: v for k, v in given.items() if v is not None and k != "format"}
+    look = {k: given.pop(k) if k in given else options.get(k) for k in _TRANSFORM_KEYS}
+    try:
+        short, fit = parse_resize(look["resize"])
+        transform = Transform(
+            short=short,
+            fit=fit,
+            encode=str(look["encode"] or "keep"),
+            quality=int(look["quality"] or 95),
+            max_pixels=int(look["max_pixels"]) if look["max_pixels"] else None,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    labels = options.get("labels", "auto")
+    settings: dict[str, Any] = {
+        "labels": tuple(labels) if isinstance(labels, list) else str(labels),
+        "label_depth": int(options.get("label_depth", 1)),
+        "shard_size": int(options.get("shard_size", 1 << 30)),
+        "decode_check": bool(options.get("decode_check", True)),
+        "on_error": str(options.get("on_error", "skip")),
+        "transform": transform,
+    }
+    settings.update(given)
+    return BuildConfig(src=src, out=out, format=fmt, **settings)
+
+
+def _plan_entries(
+    cfg: BuildConfig, meta: dict[str, Any], *, grow: bool, exclude: tuple[str, ...]
+) -> tuple[list[Entry], list[Problem], list[str] | None, list[str]]:
+    """SRC's entries with labels in OUT's class ids; problems; the united classes; new ones."""
+    known = meta.get("classes")
+    class_map = "auto" if known is not None else None
+    if class_map is not None and cfg.label_specs == ("none",):
+        raise PackerError(
+            f"--labels none: {cfg.out} has class labels ({len(known or [])} classes), so its "
+            "new images need them too; give --labels as the first build did"
+        )
+    plan = plan_labels(
+        cfg.src, cfg.label_specs, exclude=exclude, depth=cfg.label_depth, class_map=class_map
+    )
+    entries, problems = plan.entries, list(plan.problems)
+    if known is None:
+        if plan.classes:  # pragma: no cover - class_map None gives ids only for dirname
+            raise PackerError(f"{cfg.out} has no classes, but SRC's labels are class folders")
+        return entries, problems, None, []
+    found = plan.classes or []
+    united, table = unite_classes(list(known), found, grow=grow, where=f"SRC {cfg.src}")
+    entries = [
+        dataclasses.replace(e, label=remap_label(e.label, table)) if e.labelled else e
+        for e in entries
+    ]
+    return entries, problems, united, united[len(known) :]
+
+
+def _drop_duplicates(
+    entries: list[Entry], old: dict[str, int], out: Path
+) -> tuple[list[Entry], list[Problem]]:
+    kept, dupes = [], []
+    for e in entries:
+        if e.file.rel in old:
+            dupes.append(
+                Problem(
+                    e.file.rel,
+                    DUPLICATE,
+                    f"already in {out} as id {old[e.file.rel]}; an append adds new paths only",
+                )
+            )
+        else:
+            kept.append(e)
+    return kept, dupes
+
+
+def _link_old_shards(out: Path, tmp: Path, meta: dict[str, Any]) -> bool:
+    """Hard-link every file of OUT's shards into `tmp`; True when none had to be copied."""
+    names = {str(s["name"]) for s in meta["shards"]}
+    linked = True
+    for path in sorted(out.iterdir()):
+        number = parse_shard_name(path.name)
+        if number is None:
+            continue
+        base = path.name.split(".", 1)[0]
+        if base in names:
+            linked = link_entry(path, tmp / path.name) and linked
+    return linked
+
+
+def append(
+    cfg: BuildConfig, *, class_map: str = "keep", log: Callable[[str], None] | None = None
+) -> AppendSummary:
+    """Add the images of ``cfg.src`` to the dataset ``cfg.out`` as new shards.
+
+    Args:
+        cfg: the build options of the new images (see `append_config`); ``cfg.out`` is the
+            dataset to grow, ``cfg.format`` must be its format.
+        class_map: ``keep``: a class name OUT has not got is an error; ``grow``: new names get
+            the next class ids, after OUT's.
+        log: where progress messages go (default: stderr).
+
+    Raises:
+        NotADatasetError: OUT is not a packer dataset.
+        ClassGrowthError: new class names without ``class_map="grow"``.
+        InputError: a bad or duplicate input with ``on_error="fail"``.
+        PackerError: nothing in SRC could be appended, or the filesystem cannot swap
+            directories in one step (`packer.swap.ExchangeUnsupportedError`).
+    """
+    if class_map not in CLASS_GROWTH:
+        raise PackerError(
+            f"--class-map {class_map!r}: an append keeps the dataset's class list; expected "
+            "keep (a new class name is an error) or grow (new names get the next ids)"
+        )
+    out, tmp = cfg.out, temp_dir_for(cfg.out)
+    check_output(cfg, build_dir=tmp)
+    with build_lock(out):
+        return _append(cfg, tmp, grow=class_map == "grow", log=log)
+
+
+def _append(
+    cfg: BuildConfig, tmp: Path, *, grow: bool, log: Callable[[str], None] | None
+) -> AppendSummary:
+    started = time.perf_counter()
+    say = log or (lambda msg: print(msg, file=sys.stderr))
+    out = cfg.out
+    meta = read_dataset(out)
+    if meta["format"] != cfg.format:
+        raise PackerError(f"{out} is a {meta['format']} dataset, not {cfg.format}")
+    if tmp.exists():  # an interrupted append or build, or the old dataset of a killed append
+        say(f"removing {tmp}, left by an interrupted run")
+        shutil.rmtree(tmp)
+    entries, problems, classes, new_classes = _plan_entries(
+        cfg, meta, grow=grow, exclude=(str(out), str(tmp))
+    )
+    entries, dupes = _drop_duplicates(entries, _index_paths(out), out)
+    problems = sorted(problems + dupes, key=lambda p: p.path)
+    if problems and cfg.on_error == "fail":
+        raise InputError(problems[0].path, problems[0].reason, problems[0].message)
+    if not entries:
+        raise PackerError(
+            f"nothing to append from {cfg.src}: no new images ({len(problems)} problems"
+            + (f", e.g. {problems[0].path}: {problems[0].reason}" if problems else "")
+            + f"); {out} is unchanged"
+        )
+    old_shards = len(meta["shards"])
+    sizes = source_sizes(entries)
+    shards = [
+        ShardPlan(old_shards + s.number, s.start, s.stop)
+        for s in plan_shards(sizes, cfg.shard_size)
+    ]
+    digest = plan_digest(entries, sizes, _output_options(cfg))
+    shard_cls = FORMATS[cfg.format].writer
+    tmp.mkdir()
+    try:
+        if not _link_old_shards(out, tmp, meta):
+            say(f"{tmp.parent} does not take hard links: the old shards were copied")
+        _checkpoint("linked")
+        save_plan(tmp, digest, shards)
+        run_engine(BuildJob(cfg, tmp, entries, shards, frozenset()), say=say, started=started)
+        _checkpoint("shards")
+        merged = merge_parts(
+            tmp, [s.number for s in shards], shard_cls=shard_cls, after=(out, meta)
+        )
+        _checkpoint("index")
+        added = merged.num_samples - int(meta["num_samples"])
+        found = problems + merged.problems
+        if added == 0:
+            raise PackerError(
+                f"no image under {cfg.src} could be appended ({len(found)} problems); "
+                f"{out} is unchanged"
+            )
+        errors = [*_lines(out / ERRORS_NAME), *_jsonl(p.as_json() for p in found)]
+        write_durably(tmp / ERRORS_NAME, errors)
+        skipped = {p.path for p in found}
+        collisions = name_collisions(e.file.rel for e in entries if e.file.rel not in skipped)
+        notes = merged.notes + [n.as_json() for n in collisions]
+        notes.sort(key=lambda n: (n["path"], n["reason"]))
+        warnings = [*_lines(out / WARNINGS_NAME), *_jsonl(notes)]
+        write_durably(tmp / WARNINGS_NAME, warnings)
+        options = dict(meta.get("options") or {})
+        history = list(options.get("appended") or [])
+        history.append(
+            {
+                "source": str(cfg.src),
+                "first_id": int(meta["num_samples"]),
+                "num_samples": added,
+                "first_shard": old_shards,
+                "new_classes": new_classes,
+                "options": cfg.options(),
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+        )
+        options["appended"] = history
+        new_meta = make_meta(
+            format=cfg.format,
+            num_samples=merged.num_samples,
+            shards=merged.shards,
+            classes=classes,
+            label_source=str(meta.get("label_source")),
+            class_map=meta.get("class_map"),
+            label_kind=merged.label_kind,
+            source=str(meta.get("source")),
+            options=options,
+            tool_version=__version__,
+            payload_bytes=merged.payload_bytes,
+            num_errors=len(errors),
+            num_warnings=len(warnings),
+            index_sha256=merged.index_sha256,
+            index_fingerprint=fingerprint(tmp / INDEX_NAME),
+            writer=shard_cls.describe(),
+            plan_digest=digest,
+        )
+        (tmp / "plan.json").unlink(missing_ok=True)
+        write_durably(tmp / META_NAME, json.dumps(new_meta, ensure_ascii=False, indent=2) + "\n")
+        fsync_path(tmp)
+        _checkpoint("meta")
+        check_replaceable(out)  # again: OUT may have changed while the append ran
+        exchange_dirs(out, tmp)
+        _checkpoint("swapped")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)  # the old dataset's directory, now unnamed by OUT
+    summary = AppendSummary(
+        out=out,
+        appended=added,
+        skipped=len(found),
+        first_id=int(meta["num_samples"]),
+        shards=len(merged.shards) - old_shards,
+        new_classes=new_classes,
+        seconds=time.perf_counter() - started,
+    )
+    for p in found:
+        summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
+    return summary
