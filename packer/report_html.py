@@ -51,7 +51,7 @@ h2{margin:0 0 12px;font-size:17px}h3{margin:14px 0 6px;font-size:14px;color:#445
 text-overflow:ellipsis}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #e4e7ec;vertical-align:top}
-th{background:#f4f5f7}td.n{text-align:right;font-variant-numeric:tabular-nums}
+table.narrow{width:auto;min-width:260px;margin-bottom:8px}th{background:#f4f5f7}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .note{color:#667}.bad{color:#b42318}.warn{color:#a15c07}
 """
 
@@ -183,7 +183,9 @@ def _problems_html(title: str, path: Path, css: str) -> str:
     reasons, rows, total = _read_problems(path)
     if not total:
         return f"<h3>{_e(title)}</h3><p class=note>none ({_e(path.name)} is empty)</p>"
-    out = [f"<h3 class={css}>{_e(title)}: {total:,}</h3><table><tr><th>reason</th><th>count</th>"]
+    out = [
+        f"<h3 class={css}>{_e(title)}: {total:,}</h3><table class=narrow><tr><th>reason</th><th>count</th>"
+    ]
     out += [f"<tr><td>{_e(r)}</td><td class=n>{c:,}</td></tr>" for r, c in reasons.most_common()]
     out.append("</table><table><tr><th>path</th><th>reason</th><th>message</th></tr>")
     out += [
@@ -195,6 +197,13 @@ def _problems_html(title: str, path: Path, css: str) -> str:
     if total > len(rows):
         out.append(f"<p class=note>first {len(rows)} of {total:,}; all in {_e(path.name)}</p>")
     return "".join(out)
+
+
+def _ids(shard: dict[str, Any]) -> str:
+    first, count = shard.get("first"), shard.get("count")
+    if isinstance(first, int) and isinstance(count, int):
+        return f"{first:,}..{first + count - 1:,}"
+    return _e(first)
 
 
 def render_html(path: str | Path) -> str:
@@ -261,8 +270,8 @@ def render_html(path: str | Path) -> str:
     for shard in s["shards"]:
         disk = shard_disk_bytes(shard)
         body.append(
-            f"<tr><td>{_e(shard.get('name'))}</td><td>{_e(shard.get('first'))}..."
-            f"</td><td class=n>{_e(shard.get('count'))}</td><td class=n>"
+            f"<tr><td>{_e(shard.get('name'))}</td><td>{_ids(shard)}</td>"
+            f"<td class=n>{_e(shard.get('count'))}</td><td class=n>"
             f"{'?' if disk is None else f'{disk / 1e6:,.1f} MB'}</td></tr>"
         )
     body.append("</table></section>")
