@@ -184,7 +184,8 @@ def _problems_html(title: str, path: Path, css: str) -> str:
     if not total:
         return f"<h3>{_e(title)}</h3><p class=note>none ({_e(path.name)} is empty)</p>"
     out = [
-        f"<h3 class={css}>{_e(title)}: {total:,}</h3><table class=narrow><tr><th>reason</th><th>count</th>"
+        f"<h3 class={css}>{_e(title)}: {total:,}</h3>"
+        "<table class=narrow><tr><th>reason</th><th>count</th>"
     ]
     out += [f"<tr><td>{_e(r)}</td><td class=n>{c:,}</td></tr>" for r, c in reasons.most_common()]
     out.append("</table><table><tr><th>path</th><th>reason</th><th>message</th></tr>")

@@ -121,7 +121,7 @@ def test_near_finds_resized_and_reencoded_copies(tmp_path: Path) -> None:
         (src / f"orig_{k:02d}.png").write_bytes(encode(image, ".png"))
     half = cv2.resize(originals[0], (96, 96), interpolation=cv2.INTER_AREA)
     (src / "z_half.png").write_bytes(encode(half, ".png"))
-    ok, jpeg = cv2.imencode(".jpg", originals[1], [cv2.IMWRITE_JPEG_QUALITY, 80])
+    _, jpeg = cv2.imencode(".jpg", originals[1], [cv2.IMWRITE_JPEG_QUALITY, 80])
     (src / "z_reencoded.jpg").write_bytes(jpeg.tobytes())
     out = build_packed(tmp_path / "src", tmp_path / "out.lmdb", "lmdb")
 
