@@ -6,7 +6,8 @@ of hashes within ``threshold`` bits without comparing all pairs: the 64 bits are
 ``BANDS`` bands of 16 bits, and two hashes within 3 bits agree on at least one band
 (pigeonhole), so only hashes that share a band value are compared. With hashes spread over
 the 2**16 values of a band, a bucket holds about N / 65536 hashes, so the work grows as
-N log N (the sorts) plus N * N / 65536 comparisons per band, done as numpy blocks.
+N log N (the sorts) plus N * N / 65536 comparisons per band, all in numpy (no Python loop over
+buckets or pairs).
 """
 
 from __future__ import annotations
@@ -63,40 +64,46 @@ def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-class _Components:
-    """Union-find over 0..n-1."""
+def _band_pairs(unique: np.ndarray, values: np.ndarray, threshold: int) -> np.ndarray:
+    """Pairs (i, j) of positions in `unique` that share a band value and lie within `threshold`.
 
-    def __init__(self, n: int) -> None:
-        self.parent = np.arange(n)
-
-    def find(self, i: int) -> int:
-        parent = self.parent
-        root = i
-        while parent[root] != root:
-            root = int(parent[root])
-        while parent[i] != root:
-            parent[i], i = root, int(parent[i])
-        return root
-
-    def union(self, i: int, j: int) -> None:
-        a, b = self.find(i), self.find(j)
-        if a != b:
-            self.parent[max(a, b)] = min(a, b)
-
-
-def _close_pairs(hashes: np.ndarray, members: np.ndarray, threshold: int) -> np.ndarray:
-    """Pairs (i, j), i < j, of `members` (indices into `hashes`) within `threshold` bits."""
+    Vectorised over all buckets at once: step d compares each hash with the one d places
+    after it in its bucket, so the work is the sum of m * m / 2 over buckets of m hashes,
+    in numpy, with no Python loop over buckets.
+    """
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    starts = np.concatenate(([0], cuts))
+    lengths = np.diff(np.concatenate((starts, [len(ordered)])))
+    # how many hashes follow each position in its bucket
+    after = np.repeat(starts + lengths, lengths) - np.arange(len(ordered)) - 1
+    active = np.flatnonzero(after >= 1)
     found = []
-    block = 1024  # a block x m distance matrix at a time: memory stays bounded
-    values = hashes[members]
-    for start in range(0, len(members), block):
-        rows = values[start : start + block, None]
-        dist = hamming(rows, values[None, :])
-        i, j = np.nonzero(dist <= threshold)
-        i = i + start
-        keep = i < j
-        found.append(np.stack([members[i[keep]], members[j[keep]]], axis=1))
+    d = 1
+    while active.size:
+        a, b = order[active], order[active + d]
+        close = hamming(unique[a], unique[b]) <= threshold
+        found.append(np.stack([a[close], b[close]], axis=1))
+        d += 1
+        active = active[after[active] >= d]
     return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
+
+
+def _components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """The smallest member of each position's connected component (label propagation)."""
+    labels = np.arange(n)
+    if not len(pairs):
+        return labels
+    a, b = pairs[:, 0], pairs[:, 1]
+    while True:
+        low = np.minimum(labels[a], labels[b])
+        before = labels.copy()
+        np.minimum.at(labels, a, low)
+        np.minimum.at(labels, b, low)
+        labels = labels[labels]  # pointer jumping: long chains settle in few rounds
+        if np.array_equal(labels, before):
+            return labels
 
 
 def group_near(hashes: np.ndarray, threshold: int = DEFAULT_THRESHOLD) -> list[np.ndarray]:
@@ -113,22 +120,17 @@ def group_near(hashes: np.ndarray, threshold: int = DEFAULT_THRESHOLD) -> list[n
         raise ValueError(f"threshold {threshold}: expected 0..{MAX_THRESHOLD}")
     hashes = np.asarray(hashes, dtype=np.uint64)
     unique, inverse = np.unique(hashes, return_inverse=True)  # equal hashes: one comparison
-    components = _Components(len(unique))
     mask = np.uint64((1 << BAND_BITS) - 1)
-    for band in range(BANDS):
-        values = (unique >> np.uint64(band * BAND_BITS)) & mask
-        order = np.argsort(values, kind="stable")
-        ordered = values[order]
-        cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
-        starts = np.concatenate(([0], cuts))
-        ends = np.concatenate((cuts, [len(ordered)]))
-        for s, e in zip(starts[ends - starts >= 2], ends[ends - starts >= 2], strict=True):
-            for i, j in _close_pairs(unique, order[s:e], threshold):
-                components.union(int(i), int(j))
-    roots = np.array([components.find(i) for i in range(len(unique))], dtype=np.int64)
-    row_roots = roots[inverse.ravel()] if len(unique) else np.empty(0, dtype=np.int64)
-    order = np.argsort(row_roots, kind="stable")
+    pairs = [
+        _band_pairs(unique, (unique >> np.uint64(band * BAND_BITS)) & mask, threshold)
+        for band in range(BANDS)
+    ]
+    roots = _components(len(unique), np.concatenate(pairs))
+    row_roots = roots[inverse.ravel()]
+    shared = np.bincount(row_roots, minlength=len(unique))[row_roots] >= 2
+    rows = np.flatnonzero(shared)  # only rows with company: singletons are never split out
+    order = rows[np.argsort(row_roots[rows], kind="stable")]
     ordered = row_roots[order]
     cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
-    groups = [g for g in np.split(order, cuts) if len(g) >= 2]
+    groups = np.split(order, cuts) if len(order) else []
     return sorted((np.sort(g) for g in groups), key=lambda g: int(g[0]))

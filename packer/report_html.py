@@ -21,6 +21,7 @@ import numpy as np
 
 from packer.info import describe
 from packer.metadata import shard_disk_bytes
+from readers.errors import RecordError
 from readers.formats.layout import ERRORS_NAME, WARNINGS_NAME
 from readers.index import DatasetIndex, load_index
 
@@ -304,8 +305,8 @@ def _thumbnails_html(index: DatasetIndex, classes: list[str] | None) -> str:
             path = index.extra["path"][i].as_py()
             try:
                 uri = thumbnail_uri(ds, i)
-            except ValueError as exc:
-                out.append(f"<figure class=bad>#{i}: does not decode ({_e(exc)})</figure>")
+            except (ValueError, RecordError) as exc:  # a bad record is shown, not fatal
+                out.append(f"<figure class=bad>#{i}: cannot show ({_e(exc)})</figure>")
                 continue
             out.append(
                 f'<figure><img src="{uri}" alt="{_e(path)}" title="#{i} {_e(path)}">'
