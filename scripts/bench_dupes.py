@@ -114,7 +114,8 @@ def bench_group_near(n: int) -> str:
     t = time.perf_counter()
     groups = group_near(hashes, 2)
     took = time.perf_counter() - t
-    return f"| near grouping (group_near, {n:,} hashes, threshold 2) | {took:.2f} s | {len(groups):,} groups |"
+    what = f"near grouping (group_near, {n:,} hashes, threshold 2)"
+    return f"| {what} | {took:.2f} s | {len(groups):,} groups |"
 
 
 def originals(limit: int) -> tuple[list[np.ndarray], str]:
