@@ -16,6 +16,7 @@ from typing import Any
 
 from packer import __version__
 from packer.config import BuildConfig
+from packer.dedup import drop_duplicates
 from packer.engines import EngineError
 from packer.errors import (
     DiskFullError,
@@ -282,17 +283,21 @@ def _build(
     if label_problems and cfg.on_error == "fail":
         first = label_problems[0]
         raise InputError(first.path, first.reason, first.message)
-    sizes = source_sizes(plan.entries)
+    entries = plan.entries
+    sizes = source_sizes(entries)
+    if cfg.dedup:  # before planning: every shard task sees the same entries (packer.dedup)
+        entries, sizes, dropped = drop_duplicates(entries, sizes)
+        label_problems += dropped
     shards = plan_shards(sizes, cfg.shard_size)
-    digest = plan_digest(plan.entries, sizes, _output_options(cfg))
+    digest = plan_digest(entries, sizes, _output_options(cfg))
     if out_exists and not cfg.overwrite:  # --resume of a build that finished
-        return _already_complete(cfg, digest, plan.entries, started)
+        return _already_complete(cfg, digest, entries, started)
     finished = prepare_build_dir(tmp, digest, say, resume=cfg.resume)
     save_plan(tmp, digest, shards)
 
     summary = BuildSummary(out=out)
     shard_cls = FORMATS[cfg.format].writer
-    job = BuildJob(cfg, tmp, plan.entries, shards, frozenset(finished))
+    job = BuildJob(cfg, tmp, entries, shards, frozenset(finished))
     try:
         run_engine(job, say=say, started=started, pool=pool)
         (tmp / MERGING_NAME).touch()
@@ -312,7 +317,7 @@ def _build(
             )
         write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
         skipped = {p.path for p in found}
-        collisions = name_collisions(e.file.rel for e in plan.entries if e.file.rel not in skipped)
+        collisions = name_collisions(e.file.rel for e in entries if e.file.rel not in skipped)
         notes = merged.notes + [n.as_json() for n in collisions]
         notes.sort(key=lambda n: (n["path"], n["reason"]))
         write_durably(tmp / WARNINGS_NAME, _jsonl(notes))

@@ -171,6 +171,13 @@ def build(
             "before decoding them (too_many_pixels in errors.jsonl); 0: no limit but OpenCV's.",
         ),
     ] = DEFAULT_MAX_PIXELS,
+    dedup: Annotated[
+        bool,
+        typer.Option(
+            help="Skip files whose bytes equal an earlier file's (first in path order kept; "
+            "duplicate_content in errors.jsonl)."
+        ),
+    ] = False,
 ) -> None:
     """Pack SRC into the dataset directory OUT (written atomically)."""
     from packer.build import build as run_build
@@ -193,6 +200,7 @@ def build(
             engine=engine,
             ray_address=ray_address,
             transform=_transform(resize, encode, quality, max_pixels, compress),
+            dedup=dedup,
         )
         summary = run_build(cfg)
     except PackerError as exc:
@@ -224,15 +232,31 @@ def verify(
 def info(
     out: Annotated[Path, typer.Argument(help="A packed dataset.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write one self-contained HTML page here: counts, histograms, thumbnails "
+            "per class, errors and warnings, shards (no network needed to view it).",
+        ),
+    ] = None,
 ) -> None:
     """Counts, classes, label histogram, image sizes, formats and shards."""
     from packer.info import describe, format_summary
 
     try:
         summary = describe(out)
+        if html is not None:
+            from packer.report_html import write_html
+
+            write_html(out, html)
     except (PackerError, ReaderError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail(PackerError(f"--html {html}: cannot write ({exc})")) from None
     typer.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+    if html is not None:
+        typer.echo(f"wrote {html}", err=True)
 
 
 def _worker_list(text: str | None) -> tuple[int, ...]:
@@ -495,6 +519,40 @@ def split(
         raise _fail(exc) from None
     for summary in summaries.values():
         typer.echo(summary.line())
+
+
+@app.command()
+def dupes(
+    out: Annotated[Path, typer.Argument(help="A packed dataset.")],
+    others: Annotated[
+        list[Path] | None, typer.Argument(help="More packed datasets (e.g. val, test).")
+    ] = None,
+    near: Annotated[
+        bool,
+        typer.Option(
+            help="Also group resized or re-encoded copies (a perceptual hash; decodes every "
+            "image once, small)."
+        ),
+    ] = False,
+    threshold: Annotated[
+        int, typer.Option(help="--near: the most hash bits two copies may differ in (0..3).")
+    ] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Groups of identical images within and across datasets: leakage and label conflicts
+    first."""
+    from packer.dupes import find_dupes
+    from packer.nearhash import MAX_THRESHOLD
+
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise _fail(ConfigError(f"--threshold {threshold}: expected 0..{MAX_THRESHOLD}"))
+    try:
+        report = find_dupes([out, *(others or [])], near=near, threshold=threshold)
+    except (PackerError, ReaderError) as exc:
+        raise _fail(exc) from None
+    typer.echo(
+        json.dumps(report.as_json(), indent=2, ensure_ascii=False) if as_json else report.text()
+    )
 
 
 def main() -> None:

@@ -56,6 +56,7 @@ class BuildConfig:
     transform: Transform = field(default_factory=Transform)
     engine: str = "local"  # local | ray: what writes the shards (the output is the same)
     ray_address: str | None = None  # --engine ray: the cluster (None: RAY_ADDRESS, or local)
+    dedup: bool = False  # skip sources whose bytes equal an earlier one's (packer.dedup)
 
     def __post_init__(self) -> None:
         specs = (self.labels,) if isinstance(self.labels, str) else tuple(self.labels)
@@ -114,4 +115,6 @@ class BuildConfig:
             **self.transform.options(),
             # the cluster's address is where it ran, not how: not recorded
             "engine": self.engine,
+            # recorded only when on, so that the plans of earlier builds stay as they were
+            **({"dedup": True} if self.dedup else {}),
         }
