@@ -146,7 +146,13 @@ def thumbnail_uri(ds: Any, i: int) -> str:
     Raises:
         ValueError: the record does not decode.
     """
-    image = np.asarray(ds.decode_stored(ds.read_bytes(i), i, "bgr"))
+    data = ds.read_bytes(i)
+    image = np.asarray(ds.decode_stored(data, i, "bgr"))
+    full = np.asarray(ds.decode_stored(data, i, "unchanged"))
+    if full.ndim == 3 and full.shape[2] == 4 and full.shape[:2] == image.shape[:2]:
+        # on a light background, as a viewer shows it: BGR alone is often black there
+        alpha = full[:, :, 3:4].astype(np.float32) / np.float32(np.iinfo(full.dtype).max)
+        image = (image * alpha + 255 * (1 - alpha)).astype(np.uint8)
     h, w = image.shape[:2]
     scale = THUMB_SIDE / max(h, w)
     if scale < 1:
