@@ -20,12 +20,7 @@ the emulated disk, random orders (shuffle=True, loose or packed) read a random s
 median of ``--runs`` runs; rows alternate within each run. ``--out DIR`` writes
 DIR/bench_read.md; BENCH_TMP names the parent of the temporary data.
 
-``--cold-vs-warm`` times instead, per format, a plain shuffle=False pass and a chunked-sampler
-pass twice each: cold (data evicted) and warm (the data's files read into the page cache just
-before), each in a fresh DataLoader with fresh workers, and the ratio cold / warm within each
-run (issue 17's target: >= 0.9x on the emulated hard disk). ``--no-fast-disk`` leaves out the
-machine's own disk; ``--disk-mibps`` and ``--disk-iops`` set the emulated disk (a machine busy
-with other work decodes slower, and a slower disk keeps the same ratio of disk to decoding).
+``--cold-vs-warm``: issue 17's cold vs warm passes instead (see `coldwarm`).
 """
 
 from __future__ import annotations
@@ -45,29 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchlib
+import coldwarm
 import pagecache
-
-BATCH = 64
-LOOSE = "loose files"
-BOUND = "decode bound"
-ORDERS = ("shuffle=False", "shuffle=True", "chunked sampler", "staged")
-FAST, SLOW = "cold fast disk", "emulated hard disk"
-WARM = ", warm"
-"""The suffix of an order read with the data in the page cache (``--cold-vs-warm``)."""
-COLD_VS_WARM = ("shuffle=False", "chunked sampler")
-
-
-def make_warm(paths: list[str]) -> float:
-    """Read the files whole so that their pages are in the page cache; the fraction cached."""
-    size = sum(os.path.getsize(p) for p in paths) or 1
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(8 << 20):
-                pass
-    return min(1.0, pagecache.resident_bytes(paths) / size)  # the last page may overhang
-
-
-# --------------------------------------------------------------------------- child: measure
+from readreport import BATCH, BOUND, FAST, LOOSE, ORDERS, SLOW, storage_table, summary, targets
 
 
 def _rgb(path: str) -> Any:
@@ -174,12 +149,7 @@ class Child:
         handles.close_all()
         slow = self.spec["storage"] == SLOW
         subset = self.spec["subset"] if slow and order == "shuffle=True" else None
-        if order.endswith(WARM):
-            order = order.removesuffix(WARM)
-            packed = [f for f in self.spec["packed_files"] if not f.endswith((".json", ".jsonl"))]
-            result: dict[str, Any] = {"warm": make_warm(packed), "cached": 0.0}
-        else:
-            result = {"cached": pagecache.make_cold(self.data_files)}
+        order, result = coldwarm.start_row(order, self.spec["packed_files"], self.data_files)
         if name == LOOSE:
             ds = self.loose
         elif order == "staged":
@@ -205,9 +175,7 @@ class Child:
 
     def rows(self) -> list[tuple[str, str]]:
         if self.spec.get("cold_vs_warm"):
-            return [
-                (f, o + w) for f in self.spec["packed"] for o in COLD_VS_WARM for w in ("", WARM)
-            ]
+            return coldwarm.rows(self.spec["packed"])
         rows = [(LOOSE, "shuffle=False"), (LOOSE, "shuffle=True")]
         for fmt in self.spec["packed"]:
             rows += [(fmt, o) for o in ORDERS]
@@ -248,144 +216,6 @@ class Child:
 # --------------------------------------------------------------------------- parent
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Medians per (name, order)."""
-    med = benchlib.median
-    out = {}
-    for row in rows:
-        runs = row["runs"]
-        if runs and isinstance(runs[0], float):
-            out[(row["name"], row["order"])] = {"rate": med(runs), "all": runs}
-            continue
-        rates = [r["samples_per_s"] for r in runs]
-        out[(row["name"], row["order"])] = {
-            "rate": med(rates),
-            "all": rates,
-            "request_kb": med([r["bytes"] / max(1, r["requests"]) / 1024 for r in runs]),
-            "copy_s": med([r["copy_s"] for r in runs]) if "copy_s" in runs[0] else None,
-            "subset": runs[0]["subset"],
-            "cached": max(r["cached"] for r in runs),
-            "warm": min((r["warm"] for r in runs if "warm" in r), default=None),
-        }
-        if "bound" in runs[0]:
-            out[(row["name"], row["order"])]["bound_all"] = [r["bound"] for r in runs]
-    return out
-
-
-def paired(r: dict[str, Any] | None, base: dict[str, Any] | None, limit: float = 0) -> float | None:
-    """The median over runs of ``r``'s rate / ``base``'s rate in the same run (rows alternate
-    within a run, so a slow moment of the shared machine hits both), `base` capped at `limit`."""
-    if not r or not base:
-        return None
-    cap = limit or float("inf")
-    return benchlib.median([a / min(b, cap) for a, b in zip(r["all"], base["all"], strict=False)])
-
-
-def storage_table(storage: str, s: dict[tuple[str, str], dict[str, Any]], note: str) -> str:
-    lines = [
-        f"#### {storage}",
-        "",
-        "| dataset | order | samples/s | vs loose files (same order) | mean request | runs |",
-        "|---|---|---:|---:|---:|---|",
-    ]
-    for (name, order), r in s.items():
-        base = s.get((LOOSE, "shuffle=False" if order == "shuffle=False" else "shuffle=True"))
-        vs = paired(r, base) if name not in (LOOSE, BOUND) else None
-        what = order
-        if r.get("subset"):
-            what += f" ({r['subset'] * BATCH:,} random samples)"
-        if r.get("copy_s") is not None:
-            what += f", shuffle=True (copy {r['copy_s']:.1f} s)"
-        req = f"{r['request_kb']:.0f} KB" if "request_kb" in r else ""
-        runs = ", ".join(f"{x:,.0f}" for x in r["all"])
-        lines.append(
-            f"| {name} | {what} | {r['rate']:,.0f} | {benchlib.ratio(vs)} | {req} | {runs} |"
-        )
-    cached = max((r.get("cached", 0.0) for r in s.values()), default=0.0)
-    note += f" Data still cached when a row started: at most {cached:.2%} of its bytes."
-    return "\n".join([*lines, "", note])
-
-
-def cold_vs_warm_table(
-    storage: str, s: dict[tuple[str, str], dict[str, Any]], note: str
-) -> tuple[str, list[str]]:
-    """The table of ``--cold-vs-warm`` on `storage`, and its target lines (cold >= 0.9x warm)."""
-    lines = [
-        f"#### {storage}: cold vs warm, fresh workers",
-        "",
-        "| dataset | order | cold samples/s | warm samples/s | cold / warm | mean cold request "
-        "| cold runs | warm runs |",
-        "|---|---|---:|---:|---:|---:|---|---|",
-    ]
-    met = []
-    for (name, order), cold in s.items():
-        warm = s.get((name, order + WARM))
-        if order.endswith(WARM) or warm is None:
-            continue
-        vs = paired(cold, warm)
-        lines.append(
-            f"| {name} | {order} | {cold['rate']:,.0f} | {warm['rate']:,.0f} | "
-            f"{benchlib.ratio(vs)} | {cold['request_kb']:.0f} KB | "
-            + ", ".join(f"{x:,.0f}" for x in cold["all"])
-            + " | "
-            + ", ".join(f"{x:,.0f}" for x in warm["all"])
-            + " |"
-        )
-        if vs is not None:
-            met.append(
-                f"| {storage}: {name} {order}, cold >= 0.9x warm | {vs:.2f}x | "
-                f"{'yes' if vs >= 0.9 else 'NO'} |"
-            )
-    cached = max((r.get("cached", 0.0) for r in s.values()), default=0.0)
-    warm_least = min((r["warm"] for r in s.values() if r.get("warm") is not None), default=1.0)
-    note += (
-        f" Data still cached when a cold row started: at most {cached:.2%} of its bytes; "
-        f"cached when a warm row started: at least {warm_least:.2%}."
-    )
-    return "\n".join([*lines, "", note]), met
-
-
-def targets(res: dict[str, dict[tuple[str, str], dict[str, Any]]], spec: dict[str, Any]) -> str:
-    lines = ["| target | result | met |", "|---|---:|---|"]
-
-    def check(what: str, value: float | None, need: float, pct: bool = False) -> None:
-        if value is not None:
-            shown = f"{value:.1%}" if pct else f"{value:.1f}x"
-            lines.append(f"| {what} | {shown} | {'yes' if value >= need else 'NO'} |")
-
-    def row(storage: str, name: str, order: str) -> dict[str, Any] | None:
-        return res.get(storage, {}).get((name, order))
-
-    for fmt, record in spec["record_bytes"].items():
-        for storage, need in ((SLOW, 10.0), (FAST, 1.6)):  # paddle's default: shuffle=False
-            value = paired(row(storage, fmt, "shuffle=False"), row(storage, LOOSE, "shuffle=False"))
-            check(f"{storage}: {fmt} plain DataLoader >= {need:g}x loose files", value, need)
-        chunked = row(SLOW, fmt, "chunked sampler")
-        value = paired(chunked, row(SLOW, LOOSE, "shuffle=True"))
-        check(f"{SLOW}: {fmt} chunked sampler >= 20x loose files (shuffled)", value, 20)
-        bps = spec.get("disk_bps", benchlib.SLOW_BPS)
-        disk = bps / record
-        if chunked and chunked.get("bound_all"):
-            bound = {"all": chunked["bound_all"]}  # timed just after each chunked row
-            check(
-                f"{SLOW}: {fmt} chunked >= 0.8 x min(decode bound, paired per run: median "
-                f"{benchlib.median(bound['all']):,.0f}/s, {bps >> 20} MiB/s / "
-                f"{record / 1e3:.1f} kB = {disk:,.0f}/s)",
-                paired(chunked, bound, disk),
-                0.8,
-                pct=True,
-            )
-        for order in ("shuffle=False", "chunked sampler"):
-            r = row(SLOW, fmt, order)
-            if r is not None:
-                kb = r["request_kb"]
-                lines.append(
-                    f"| {SLOW}: {fmt} {order} mean cold request >= 400 KB | {kb:.0f} KB | "
-                    f"{'yes' if kb >= 400 else 'NO'} |"
-                )
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
@@ -398,16 +228,7 @@ def main() -> None:
     )
     parser.add_argument("--images", type=int, default=None, help="at most this many icons")
     parser.add_argument("--no-slow-disk", action="store_true")
-    parser.add_argument("--no-fast-disk", action="store_true", help="only the emulated disk")
-    parser.add_argument(
-        "--disk-mibps", type=int, default=benchlib.SLOW_BPS >> 20, help="emulated disk MiB/s"
-    )
-    parser.add_argument("--disk-iops", type=int, default=benchlib.SLOW_IOPS, help="and IOPS")
-    parser.add_argument(
-        "--cold-vs-warm",
-        action="store_true",
-        help="shuffle=False and chunked passes, cold vs warm (issue 17), instead of every row",
-    )
+    coldwarm.add_arguments(parser)
     parser.add_argument("--out", type=Path, default=None, help="write bench_read.md here")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -471,10 +292,7 @@ def main() -> None:
         f"CPUs, {time.perf_counter() - started:.0f} s in all"
     )
     if args.cold_vs_warm:
-        tables = [cold_vs_warm_table(s, res[s], notes[s]) for s in res]
-        met = ["| target | result | met |", "|---|---:|---|"] + [m for _, t in tables for m in t]
-        parts = [header] + [t for t, _ in tables] + ["#### Targets (issue 17)", "\n".join(met)]
-        text = "\n\n".join(parts)
+        text = coldwarm.text(header, res, notes)
     else:
         parts = [header] + [storage_table(s, res[s], notes[s]) for s in res]
         text = "\n\n".join([*parts, "#### Targets (issue 10)", targets(res, spec)])

@@ -51,11 +51,9 @@ __all__ = [
 ]
 
 FIRST_WINDOW_BYTES = 8 * CHUNK_BYTES
-"""The first read-ahead of a detected sequential run, in stored bytes counted in the index
-from the run's next id: the bytes of the next 8 default chunks, what the chunked sampler hints
-ahead (a shuffle block). It was 512 KiB, doubling from there: a fresh DataLoader worker then
-waited on the disk while its window grew (on the emulated hard disk, a cold shuffle=False
-pass ran at 0.76x the warm one)."""
+"""A run's first read-ahead, in stored bytes counted in the index from its next id: 8 default
+chunks, what the chunked sampler hints ahead (512 KiB by the mean size before: a fresh
+DataLoader worker waited on the disk while that window grew)."""
 MAX_WINDOW_BYTES = 32 << 20
 """The most bytes hinted ahead of the read position (larger hints stalled the reads of a
 100 MB/s disk for seconds: bench_orders.py --sweep)."""
@@ -88,8 +86,7 @@ class SequentialDetector:
         trigger: counted steps before the first hint.
         near: the longest step that counts toward `trigger` (a skipped bad sample, a sampler
             that leaves out a few ids).
-        first: the ids of a run's first hint given its first id (a dataset counts them from
-            its index's sizes); default `first_window`. Kept within ``[1, max_window]``.
+        first: the ids of a run's first hint from its first id on; default `first_window`.
     """
 
     def __init__(
@@ -174,10 +171,7 @@ def make_detector(
     start = ids(FIRST_WINDOW_BYTES, 8)
     most = max(start, ids(MAX_WINDOW_BYTES, 8))
     return SequentialDetector(
-        first_window=min(start, most),
-        max_window=most,
-        max_gap=ids(MAX_GAP_BYTES, 64),
-        first=first,
+        first_window=start, max_window=most, max_gap=ids(MAX_GAP_BYTES, 64), first=first
     )
 
 
