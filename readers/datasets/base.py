@@ -29,6 +29,7 @@ from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
+from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 
 ON_ERROR = ("raise", "skip")
@@ -99,7 +100,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     and may extend ``_open_packed(index)``.
 
     Args:
-        path: the dataset directory written by ``packer build``, or a bare copy of the format.
+        path: the dataset directory written by ``packer build``, or a bare copy of the format,
+            or the URL of a dataset published in object storage (``s3://bucket/out.lmdb``).
         transform: applied to the decoded image.
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
@@ -114,6 +116,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             a local SSD) and read them there (see `readers.staging.stage`).
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
             used shards are evicted, shards that do not fit are read from `path`.
+        storage_options: for a URL `path`: keyword arguments of its fsspec filesystem
+            (default: the ``AWS_*`` variables). A URL is always staged, into `cache_dir` or
+            else `readers.remote.default_cache_dir` (one download per machine).
 
     Raises:
         DatasetFormatError: the path is not a dataset of this format, or its files disagree.
@@ -132,10 +137,15 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         on_error: str = "raise",
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         check_mode(decode)
+        if is_url(path):  # object storage: always read a node-local copy
+            cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         if cache_dir is not None:  # read a node-local copy (readers.staging)
-            path = stage(path, cache_dir, cache_limit=cache_limit)
+            path = stage(
+                path, cache_dir, cache_limit=cache_limit, storage_options=storage_options
+            )
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         self.root = Path(path)

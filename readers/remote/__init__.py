@@ -101,6 +101,8 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     protocol = protocol_of(url)
     if protocol in ("s3", "s3a"):
         _endpoint_from_env(options)
+        # another process may publish or replace objects: ask S3, not a listing read earlier
+        options.setdefault("use_listings_cache", False)
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
@@ -123,3 +125,16 @@ def _endpoint_from_env(options: dict[str, Any]) -> None:
     client = dict(options.get("client_kwargs") or {})
     client.setdefault("endpoint_url", endpoint)
     options["client_kwargs"] = client
+
+
+def default_cache_dir() -> str:
+    """Where a dataset read from a URL without ``cache_dir=`` is staged on this machine.
+
+    ``PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer/staging``, else
+    ``~/.cache/packer/staging``: per user, shared by every process of that user.
+    """
+    explicit = os.environ.get("PACKER_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "packer", "staging")
