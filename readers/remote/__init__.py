@@ -94,7 +94,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     try:
         import fsspec.core
     except ModuleNotFoundError as exc:
-        if exc.name != "fsspec":
+        if (exc.name or "").split(".")[0] != "fsspec":
             raise
         raise StorageExtraMissingError(url, "fsspec") from None
     options = dict(storage_options or {})
