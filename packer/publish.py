@@ -18,6 +18,7 @@ the two.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from typing import Any
 
 from packer.errors import OutputExistsError, PackerError
 from readers.formats.layout import META_NAME
-from readers.remote import filesystem, join_url, protocol_of
+from readers.remote import filesystem, join_url
 from readers.remote.dataset import DATA_PREFIX_FIELD
 
 SHA_KEY = "packer-sha256"
@@ -238,14 +239,7 @@ def publish(
     _retry(lambda: fs.pipe_file(meta_url, body), join_url(url, META_NAME))
     old_prefix = (old or {}).get(DATA_PREFIX_FIELD)
     if isinstance(old_prefix, str) and old_prefix and old_prefix != prefix:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.rm(join_url(base, old_prefix), recursive=True)
-        except FileNotFoundError:
-            pass
         result.removed = old_prefix
     return result
-
-
-def is_s3(url: str) -> bool:
-    """Say whether `url` is an S3 URL (the protocol whose uploads carry a checksum)."""
-    return protocol_of(url) in ("s3", "s3a")

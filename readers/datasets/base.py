@@ -143,9 +143,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         if is_url(path):  # object storage: always read a node-local copy
             cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         if cache_dir is not None:  # read a node-local copy (readers.staging)
-            path = stage(
-                path, cache_dir, cache_limit=cache_limit, storage_options=storage_options
-            )
+            path = stage(path, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         self.root = Path(path)

@@ -126,8 +126,8 @@ class Stager:
         self.small = [META_NAME, *_present(self.source, DATASET_FILES[1:])]
         if INDEX_NAME not in self.small:
             raise StagingError(
-                f"{self.source.where(INDEX_NAME)}: missing; a packed dataset cannot be read without "
-                "its index (packer verify)"
+                f"{self.source.where(INDEX_NAME)}: missing; a packed dataset cannot be read "
+                "without its index (packer verify)"
             )
         self.sizes: dict[str, dict[str, int]] = {}
         for n, fs in self.files.items():
@@ -202,8 +202,8 @@ class Stager:
                 digest.update(block)
         if digest.hexdigest() != recorded:
             raise StagingError(
-                f"{self.source.where(INDEX_NAME)}: SHA-256 differs from {META_NAME}'s index_sha256; "
-                "the index changed after the build (packer verify)"
+                f"{self.source.where(INDEX_NAME)}: SHA-256 differs from {META_NAME}'s "
+                "index_sha256; the index changed after the build (packer verify)"
             )
 
     def _stage_shard(self, slot: ShardSlot, shard: dict[str, Any], result: StageResult) -> None:

@@ -58,9 +58,9 @@ def test_build_to_s3_then_every_reader_and_command(
     listed = {p.split(f"/out.{fmt}/", 1)[1] for p in s3fs_client.find(url)}
     assert META_NAME in listed
     assert all(n == META_NAME or n.startswith(f"{prefix}/") for n in listed)
-    local_files = {
-        p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()
-    } - {META_NAME}
+    local_files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()} - {
+        META_NAME
+    }
     assert {n.split("/", 1)[1] for n in listed if n != META_NAME} == local_files
 
     verified = _cli("verify", "--deep", url)
@@ -69,7 +69,10 @@ def test_build_to_s3_then_every_reader_and_command(
 
     info = _cli("info", "--json", url)
     assert info.exit_code == 0, info.output
-    remote_info, local_info = json.loads(info.stdout), json.loads(_cli("info", "--json", str(local)).stdout)
+    remote_info, local_info = (
+        json.loads(info.stdout),
+        json.loads(_cli("info", "--json", str(local)).stdout),
+    )
     assert remote_info["path"] == url
     for key in ("num_samples", "num_shards", "payload_bytes", "classes", "format"):
         assert remote_info.get(key) == local_info.get(key), key
@@ -191,8 +194,19 @@ def test_kill_9_mid_upload_leaves_no_meta_json_and_resume_sends_only_the_rest(
     files = write_tree(tmp_path / "src", {"cat": 6, "dog": 6}, seed=3)
     url = f"{bucket}/out.recordio"
     args = [
-        sys.executable, "-m", "packer.cli", "build", str(tmp_path / "src"), url,
-        "--format", "recordio", "--shard-size", "3KB", "--workers", "1", "--no-progress",
+        sys.executable,
+        "-m",
+        "packer.cli",
+        "build",
+        str(tmp_path / "src"),
+        url,
+        "--format",
+        "recordio",
+        "--shard-size",
+        "3KB",
+        "--workers",
+        "1",
+        "--no-progress",
     ]
     env = _upload_env(tmp_path) | {PAUSE_ENV: "3"}
     proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
@@ -220,9 +234,9 @@ def test_kill_9_mid_upload_leaves_no_meta_json_and_resume_sends_only_the_rest(
     kept = {f"{url.removeprefix('s3://')}/{result.prefix}/{rel}" for rel in result.kept}
     assert kept == set(before)
     assert set(result.sent).isdisjoint(result.kept)
-    assert len(result.sent) + len(result.kept) == len(
-        [p for p in local.rglob("*") if p.is_file()]
-    ) - 1
+    assert (
+        len(result.sent) + len(result.kept) == len([p for p in local.rglob("*") if p.is_file()]) - 1
+    )
     for path, stamp in before.items():  # kept objects were not sent again
         assert s3fs_client.info(path)["LastModified"] == stamp
     ds = open_dataset(url, cache_dir=tmp_path / "cache", decode="bytes")
@@ -235,8 +249,17 @@ def test_resume_through_the_cli_after_a_kill(tmp_path: Path, bucket: str) -> Non
     write_tree(tmp_path / "src", {"cat": 6, "dog": 6}, seed=4)
     url = f"{bucket}/out.lmdb"
     args = [
-        sys.executable, "-m", "packer.cli", "build", str(tmp_path / "src"), url,
-        "--shard-size", "3KB", "--workers", "1", "--no-progress",
+        sys.executable,
+        "-m",
+        "packer.cli",
+        "build",
+        str(tmp_path / "src"),
+        url,
+        "--shard-size",
+        "3KB",
+        "--workers",
+        "1",
+        "--no-progress",
     ]
     proc = subprocess.Popen(
         args, env=_upload_env(tmp_path) | {PAUSE_ENV: "2"}, stderr=subprocess.PIPE, text=True
