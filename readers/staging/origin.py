@@ -102,14 +102,33 @@ class RemoteOrigin:
 
     def stamp(self, rel: str) -> list[Any]:
         """Size and ETag of the object `rel`: another value means it changed."""
-        st = self.dataset.stat(rel)
+        try:
+            st = self.dataset.stat(rel)
+        except FileNotFoundError:
+            raise self.gone(rel) from None
         return [st["size"], st["etag"]]
 
     @contextlib.contextmanager
     def open(self, rel: str) -> Iterator[tuple[IO[bytes], int]]:
-        """Yield ``(binary file, permission bits)`` of the object `rel`."""
-        with self.dataset.open(rel) as f:
+        """Yield ``(binary file, permission bits)`` of the object `rel`.
+
+        Raises:
+            StagingError: the object is gone since meta.json was read (a replaced dataset).
+        """
+        try:
+            f = self.dataset.open(rel)
+        except FileNotFoundError:
+            raise self.gone(rel) from None
+        with f:
             yield f, 0o600
+
+    def gone(self, rel: str) -> StagingError:
+        """The error for an object that meta.json names but that is no longer there."""
+        return StagingError(
+            f"{self.where(rel)}: gone since {META_NAME} was read; the dataset was replaced "
+            "(packer build --overwrite) or is being deleted. Open it again to stage the new "
+            "version"
+        )
 
     def dir_mode(self, entry: str = "") -> int:
         """Owner-only directories (see the class docstring)."""

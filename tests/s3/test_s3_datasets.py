@@ -276,3 +276,18 @@ def test_resume_through_the_cli_after_a_kill(tmp_path: Path, bucket: str) -> Non
     assert done.returncode == 0, done.stderr
     assert "already uploaded, kept" in done.stderr
     assert _cli("verify", url).exit_code == 0
+
+
+def test_a_reader_staging_a_version_that_is_replaced_meanwhile_is_told_so(
+    tree: tuple[Path, dict[str, bytes]], tmp_path: Path, bucket: str, s3fs_client: Any
+) -> None:
+    from readers.staging import Stager, StagingError
+
+    src, _ = tree
+    url = f"{bucket}/out.lmdb"
+    assert _cli("build", str(src), url, "--workers", "1").exit_code == 0
+    stager = Stager(url, tmp_path / "cache")  # meta.json read: this version's objects named
+    prefix = json.loads(s3fs_client.cat_file(f"{url}/{META_NAME}"))["data_prefix"]
+    s3fs_client.rm(f"{url}/{prefix}/shard-00000", recursive=True)  # as --overwrite does
+    with pytest.raises(StagingError, match=r"shard-00000/data\.mdb: gone since meta\.json"):
+        stager.run()
