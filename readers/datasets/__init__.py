@@ -16,6 +16,8 @@ from readers.formats import BARE_FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
 from readers.index import load_meta
 from readers.io.identity import meta_stamp, read_meta_once
+from readers.remote import default_cache_dir, is_url
+from readers.staging import stage
 
 __all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset"]
 
@@ -30,9 +32,22 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     arguments go to the dataset class (``transform``, ``decode``, ``draft``, ``verify_crc``,
     ``on_error``, ``cache_dir``, ...).
 
+    A URL (``s3://bucket/out.lmdb``) is staged first (``cache_dir=``, ``cache_limit=``,
+    ``storage_options=``; see `ShardedDataset`), then the staged copy is opened.
+
     Raises:
         DatasetFormatError: `path` is none of these; the message says what was found.
+        DatasetNotFoundError: `path` is a URL without meta.json (no dataset, or an
+            unfinished upload).
     """
+    if is_url(path):
+        staged = stage(
+            path,
+            kwargs.pop("cache_dir", None) or default_cache_dir(),
+            cache_limit=kwargs.pop("cache_limit", None),
+            storage_options=kwargs.pop("storage_options", None),
+        )
+        return open_dataset(staged, **kwargs)
     root = Path(path)
     if (root / META_NAME).exists():
         stamp = meta_stamp(root)

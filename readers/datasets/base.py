@@ -32,6 +32,7 @@ from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
+from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 from readers.transforms import PlannedImage, is_planner, run_transform
 
@@ -131,7 +132,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     and may extend ``_open_packed(index)``.
 
     Args:
-        path: the dataset directory written by ``packer build``, or a bare copy of the format.
+        path: the dataset directory written by ``packer build``, or a bare copy of the format,
+            or the URL of a dataset published in object storage (``s3://bucket/out.lmdb``).
         transform: applied to the decoded image. A transform that plans before decoding
             (``plan`` and ``apply``, `readers.transforms.DecodePlanner`, such as
             `readers.transforms.RandomResizedCropDraft`) is given each JPEG's size from the
@@ -155,6 +157,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             a local SSD) and read them there (see `readers.staging.stage`).
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
             used shards are evicted, shards that do not fit are read from `path`.
+        storage_options: for a URL `path`: keyword arguments of its fsspec filesystem
+            (default: the ``AWS_*`` variables). A URL is always staged, into `cache_dir` or
+            else `readers.remote.default_cache_dir` (one download per machine).
 
     Raises:
         DatasetFormatError: the path is not a dataset of this format, or its files disagree.
@@ -174,11 +179,14 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         draft: Draft | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         check_mode(decode)
         self.draft = check_draft(draft)
+        if is_url(path):  # object storage: always read a node-local copy
+            cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         if cache_dir is not None:  # read a node-local copy (readers.staging)
-            path = stage(path, cache_dir, cache_limit=cache_limit)
+            path = stage(path, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         self.root = Path(path)
