@@ -8,8 +8,12 @@ from typing import Annotated
 
 import typer
 
+from packer.clitools import FORMAT_HELP as _FORMAT_HELP
+from packer.clitools import check_format as _format
+from packer.clitools import fail as _fail
 from packer.config import BuildConfig, parse_size, usable_cores
 from packer.errors import ConfigError, PackerError
+from packer.lifecycle_cli import append, convert, dupes, merge, split
 from packer.stage import stage_command
 from packer.transform import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from readers import _paddle
@@ -18,7 +22,6 @@ from readers.formats import FORMATS, REGISTRY
 from readers.remote import StorageExtraMissingError, is_url
 
 _TITLES = "/".join(fmt.title for fmt in REGISTRY.values())
-_FORMAT_HELP = "; ".join(f"{fmt.name}: {fmt.summary}" for fmt in REGISTRY.values()) + "."
 _BARE_HELP = ", ".join(fmt.bare_hint for fmt in REGISTRY.values())
 
 app = typer.Typer(
@@ -26,18 +29,6 @@ app = typer.Typer(
     no_args_is_help=True,
     help=f"Pack image folders into {_TITLES} shards for fast PaddlePaddle training.",
 )
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"packer: error: {exc}", err=True)
-    return typer.Exit(2)
-
-
-def _format(value: str) -> str:
-    """Refuse a --format that is not registered, before anything runs."""
-    if value not in REGISTRY:
-        raise typer.BadParameter(f"--format {value!r}: expected one of {', '.join(FORMATS)}")
-    return value
 
 
 def _transform(
@@ -370,8 +361,10 @@ def bench(
     ] = 256,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """Loader throughput by num_workers through a real paddle.io.DataLoader, and the setting
-    to use (the smallest within 95% of the best)."""
+    """Time a real paddle.io.DataLoader by num_workers and say which setting to use.
+
+    The setting is the smallest within 95% of the best.
+    """
     from packer.bench import BenchConfig, run_bench
 
     try:
@@ -400,209 +393,9 @@ def bench(
     typer.echo(report.json() if as_json else report.text())
 
 
-@app.command()
-def convert(
-    src: Annotated[
-        Path,
-        typer.Argument(
-            metavar="IN",
-            help="A packer dataset, a bare PaddleOCR-layout LMDB, a bare .rec/.idx pair "
-            "(InsightFace's header record is skipped) or a directory of WebDataset .tar shards.",
-        ),
-    ],
-    out: Annotated[Path, typer.Argument(help="The dataset (or export) directory to write.")],
-    format: Annotated[
-        str, typer.Option(callback=_format, help=f"Shard format (--to packer). {_FORMAT_HELP}")
-    ] = FORMATS[0],
-    to: Annotated[
-        str,
-        typer.Option(
-            help="packer (a dataset), webdataset (%06d.tar shards) or folder (class folders, "
-            "or images/ + labels.txt when labels are not class ids)."
-        ),
-    ] = "packer",
-    shard_size: Annotated[str, typer.Option(help="Target shard size, e.g. 1GiB.")] = "1GiB",
-    decode_check: Annotated[
-        bool,
-        typer.Option(
-            "--decode-check/--no-decode-check",
-            help="Decode each record of a bare IN once to prove it (else: headers only).",
-        ),
-    ] = True,
-    on_error: Annotated[str, typer.Option(help="skip or fail.")] = "skip",
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
-    resume: Annotated[
-        bool, typer.Option(help="Keep the finished shards of an interrupted convert.")
-    ] = False,
-    progress: Annotated[
-        bool | None,
-        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
-    ] = None,
-) -> None:
-    """Convert IN to packer's format (or export it) keeping the stored bytes and labels."""
-    from packer.convert import ConvertConfig
-    from packer.convert import convert as run_convert
-
-    try:
-        cfg = ConvertConfig(
-            src=src,
-            out=out,
-            format=format,
-            to=to,
-            shard_size=parse_size(shard_size),
-            decode_check=decode_check,
-            on_error=on_error,
-            overwrite=overwrite,
-            resume=resume,
-            progress=progress,
-        )
-        summary = run_convert(cfg)
-    except (PackerError, ReaderError) as exc:
-        raise _fail(exc) from None
-    typer.echo(summary.line())
-
-
 app.command(name="stage")(stage_command)
-
-
-@app.command()
-def append(
-    out: Annotated[Path, typer.Argument(help="The packed dataset to add to (changed in place).")],
-    src: Annotated[Path, typer.Argument(help="Directory tree of the new images.")],
-    labels: Annotated[
-        list[str] | None, typer.Option(help="As for build (default: OUT's own --labels).")
-    ] = None,
-    label_depth: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    class_map: Annotated[
-        str,
-        typer.Option(
-            help="keep: a class name OUT lacks is an error; grow: new names get the next ids "
-            "after OUT's (old ids never change)."
-        ),
-    ] = "keep",
-    shard_size: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    workers: Annotated[int, typer.Option(help="As for build (default: all cores).")] = 0,
-    decode_check: Annotated[
-        bool | None,
-        typer.Option("--decode-check/--no-decode-check", help="As for build (default: OUT's)."),
-    ] = None,
-    on_error: Annotated[str | None, typer.Option(help="skip or fail (default: OUT's).")] = None,
-    resize: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    encode: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    quality: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    max_pixels: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    progress: Annotated[
-        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
-    ] = None,
-) -> None:
-    """Add SRC's images to OUT as new shards; OUT is the old or the new dataset at every
-    moment (ids, shards and bytes already in OUT never change)."""
-    from packer.append import append as run_append
-    from packer.append import append_config, read_dataset
-
-    try:
-        cfg = append_config(
-            out,
-            src,
-            read_dataset(out),
-            labels=tuple(labels) if labels else None,
-            label_depth=label_depth,
-            shard_size=parse_size(shard_size) if shard_size else None,
-            workers=workers or usable_cores(),
-            decode_check=decode_check,
-            on_error=on_error,
-            progress=progress,
-            resize=resize,
-            encode=encode,
-            quality=quality,
-            max_pixels=max_pixels,
-        )
-        summary = run_append(cfg, class_map=class_map)
-    except PackerError as exc:
-        raise _fail(exc) from None
-    typer.echo(summary.line())
-
-
-@app.command()
-def merge(
-    out: Annotated[Path, typer.Argument(help="The dataset to write.")],
-    sources: Annotated[list[Path], typer.Argument(help="Two or more datasets of one format.")],
-    shard_size: Annotated[str, typer.Option(help="As for build.")] = "1GiB",
-    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
-    resume: Annotated[
-        bool, typer.Option(help="Keep the finished shards of an interrupted run.")
-    ] = False,
-) -> None:
-    """One dataset from several of the same format, records copied without decoding; class
-    names united (ids remapped, each source's map in meta.json)."""
-    from packer.regroup import merge_datasets
-
-    try:
-        summary = merge_datasets(
-            out, sources, shard_size=parse_size(shard_size), overwrite=overwrite, resume=resume
-        )
-    except PackerError as exc:
-        raise _fail(exc) from None
-    typer.echo(summary.line())
-
-
-@app.command()
-def split(
-    out: Annotated[Path, typer.Argument(help="The dataset to split (read only).")],
-    into: Annotated[Path, typer.Argument(help="Directory to write DIR/<part> into.")],
-    parts: Annotated[str, typer.Option("--into", help="Parts and fractions: train=0.9,val=0.1.")],
-    seed: Annotated[int, typer.Option(help="The same seed gives the same parts.")] = 0,
-    stratify: Annotated[bool, typer.Option(help="Each label split by the fractions.")] = False,
-    overwrite: Annotated[
-        bool, typer.Option(help="Replace parts that are packer datasets.")
-    ] = False,
-) -> None:
-    """Write DIR/train, DIR/val, ... as datasets: disjoint, together all of OUT, records
-    copied without decoding."""
-    from packer.regroup import parse_fractions, split_dataset
-
-    try:
-        summaries = split_dataset(
-            out, into, parse_fractions(parts), seed=seed, stratify=stratify, overwrite=overwrite
-        )
-    except PackerError as exc:
-        raise _fail(exc) from None
-    for summary in summaries.values():
-        typer.echo(summary.line())
-
-
-@app.command()
-def dupes(
-    out: Annotated[Path, typer.Argument(help="A packed dataset.")],
-    others: Annotated[
-        list[Path] | None, typer.Argument(help="More packed datasets (e.g. val, test).")
-    ] = None,
-    near: Annotated[
-        bool,
-        typer.Option(
-            help="Also group resized or re-encoded copies (a perceptual hash; decodes every "
-            "image once, small)."
-        ),
-    ] = False,
-    threshold: Annotated[
-        int, typer.Option(help="--near: the most hash bits two copies may differ in (0..3).")
-    ] = 2,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
-) -> None:
-    """Groups of identical images within and across datasets: leakage and label conflicts
-    first."""
-    from packer.dupes import find_dupes
-    from packer.nearhash import MAX_THRESHOLD
-
-    if not 0 <= threshold <= MAX_THRESHOLD:
-        raise _fail(ConfigError(f"--threshold {threshold}: expected 0..{MAX_THRESHOLD}"))
-    try:
-        report = find_dupes([out, *(others or [])], near=near, threshold=threshold)
-    except (PackerError, ReaderError) as exc:
-        raise _fail(exc) from None
-    typer.echo(
-        json.dumps(report.as_json(), indent=2, ensure_ascii=False) if as_json else report.text()
-    )
+for _command in (convert, append, merge, split, dupes):
+    app.command()(_command)
 
 
 def main() -> None:

@@ -38,8 +38,11 @@ def dhash(gray: np.ndarray) -> int:
 
 
 def phash(gray: np.ndarray) -> int:
-    """The DCT hash of a gray image: the signs of the 8x8 lowest frequencies of a 32x32 thumbnail
-    against their median (the constant term left out of the median)."""
+    """Return the DCT hash (pHash) of a gray image.
+
+    The signs of the 8x8 lowest frequencies of a 32x32 thumbnail against their median (the
+    constant term left out of the median).
+    """
     small = cv2.resize(_two_d(gray), (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32)
     low = cv2.dct(small)[:8, :8]
     median = float(np.median(low.ravel()[1:]))

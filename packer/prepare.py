@@ -1,5 +1,7 @@
-"""Prepare one source image for a shard: read it, prove it decodable, transform it as asked,
-and describe the bytes to store (a `Record`), or say why it cannot be packed (a `Problem`).
+"""Prepare one source image for a shard: a `Record` to store, or a `Problem`.
+
+Read it, prove it decodable, transform it as asked, and describe the bytes to store (a
+`Record`), or say why it cannot be packed (a `Problem`).
 
 Policies for inputs that are images but unusual (each tested in tests/packer/test_bad_inputs.py):
 
@@ -308,8 +310,11 @@ def _prepare_batch(
     strip: bool = False,
     root: str | None = None,
 ) -> list[Prepared]:
-    """In a pool process: each image prepared, with its index row (encoded here, not in the
-    writing process); with `strip`, without the bytes (the writer reads them again)."""
+    """Prepare each image of `batch` in a pool process, with its index row.
+
+    The index row is encoded here, not in the writing process; with `strip`, the bytes are
+    left out (the writer reads them again).
+    """
     results: list[Prepared] = []
     for rel, path, label in batch:
         item = prepare_record(

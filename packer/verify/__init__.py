@@ -1,5 +1,6 @@
-"""Re-read a packed dataset, or a bare copy of a registered format, through readers.formats:
-counts, keys, offsets, checksums, labels, decodability.
+"""Re-read a packed dataset, or a bare copy of a registered format, and report problems.
+
+Through readers.formats: counts, keys, offsets, checksums, labels, decodability.
 
 The checks every format shares are in ``common``; each format's own are in
 ``packer/verify/<fmt>.py``, found through the registry (``packer.formats``).
@@ -46,9 +47,12 @@ def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
 
 
 def _read_ahead(root: Path, meta: dict[str, Any], reader: Any, rows: Rows) -> Rows:
-    """`rows`, hinting each shard's data file ahead of the checks: they read the records in
-    id order, through handles opened with the kernel's read-ahead off. Where a record lies
-    is estimated from its place in the shard (records are written in id order)."""
+    """Yield `rows`, hinting each shard's data file ahead of the checks.
+
+    The checks read the records in id order, through handles opened with the kernel's
+    read-ahead off. Where a record lies is estimated from its place in the shard (records are
+    written in id order).
+    """
     ahead: dict[int, FileAhead | None] = {}
     for shard, row in rows:
         if shard not in ahead:

@@ -32,8 +32,11 @@ def int_labels(values: list[Any]) -> np.ndarray | None:
 def insightface_images(
     idx: Path, keys: np.ndarray, offsets: np.ndarray, meta_at: int, meta_label: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and offsets of the images an InsightFace meta record announces: keys
-    ``1 .. label[0] - 1``; without a usable range, every key but the meta record's."""
+    """Return the keys and offsets of the images an InsightFace meta record announces.
+
+    Those are keys ``1 .. label[0] - 1``; without a usable range, every key but the meta
+    record's.
+    """
     end = float(meta_label[0]) if meta_label.size else 0.0
     if not (end.is_integer() and 1 <= end <= len(keys)):
         return np.delete(keys, meta_at), np.delete(offsets, meta_at)
@@ -51,8 +54,11 @@ def insightface_images(
 
 
 def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(keys, offsets, int labels or None)`` of the image records of a ``.rec`` without
-    ``.idx``, found by reading the whole file (records without image bytes are skipped)."""
+    """Return ``(keys, offsets, int labels or None)`` of the image records of a ``.rec``.
+
+    For a ``.rec`` without ``.idx``: found by reading the whole file (records without image
+    bytes are skipped).
+    """
     try:
         keys: list[int] = []
         kept: list[int] = []
@@ -75,8 +81,9 @@ def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def indexed_images(
     rec: Path, idx: Path, buf: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(keys, offsets, InsightFace meta label or None)`` of the samples of a ``.rec`` whose
-    ``.idx`` is `idx` (`buf`: the ``.rec`` mapped).
+    """Return ``(keys, offsets, InsightFace meta label or None)`` of a ``.rec``'s samples.
+
+    The ``.idx`` is `idx`; `buf` is the ``.rec`` mapped.
 
     Raises:
         DatasetFormatError: the ``.idx`` is unreadable or empty, points past the ``.rec``, the
@@ -118,8 +125,10 @@ def indexed_images(
 
 
 def _stored_label(label: Any, ints: bool) -> Any:
-    """A header label as a dataset label: a class id when every label is integral, a float,
-    or a list of floats (flag > 0)."""
+    """Return a header label as a dataset label.
+
+    A class id when every label is integral, a float, or a list of floats (flag > 0).
+    """
     if isinstance(label, np.ndarray):
         return [float(v) for v in label.tolist()]
     return int(label) if ints else float(label)

@@ -1,0 +1,226 @@
+"""The dataset-lifecycle commands of ``packer``: convert, append, merge, split and dupes.
+
+Thin typer commands over `packer.convert`, `packer.append`, `packer.regroup` and
+`packer.dupes`; `packer.cli` registers them on its app.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from packer.clitools import FORMAT_HELP as _FORMAT_HELP
+from packer.clitools import check_format as _format
+from packer.clitools import fail as _fail
+from packer.config import parse_size, usable_cores
+from packer.errors import ConfigError, PackerError
+from readers.errors import ReaderError
+from readers.formats import FORMATS
+
+
+def convert(
+    src: Annotated[
+        Path,
+        typer.Argument(
+            metavar="IN",
+            help="A packer dataset, a bare PaddleOCR-layout LMDB, a bare .rec/.idx pair "
+            "(InsightFace's header record is skipped) or a directory of WebDataset .tar shards.",
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="The dataset (or export) directory to write.")],
+    format: Annotated[
+        str, typer.Option(callback=_format, help=f"Shard format (--to packer). {_FORMAT_HELP}")
+    ] = FORMATS[0],
+    to: Annotated[
+        str,
+        typer.Option(
+            help="packer (a dataset), webdataset (%06d.tar shards) or folder (class folders, "
+            "or images/ + labels.txt when labels are not class ids)."
+        ),
+    ] = "packer",
+    shard_size: Annotated[str, typer.Option(help="Target shard size, e.g. 1GiB.")] = "1GiB",
+    decode_check: Annotated[
+        bool,
+        typer.Option(
+            "--decode-check/--no-decode-check",
+            help="Decode each record of a bare IN once to prove it (else: headers only).",
+        ),
+    ] = True,
+    on_error: Annotated[str, typer.Option(help="skip or fail.")] = "skip",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Keep the finished shards of an interrupted convert.")
+    ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+    ] = None,
+) -> None:
+    """Convert IN to packer's format (or export it) keeping the stored bytes and labels."""
+    from packer.convert import ConvertConfig
+    from packer.convert import convert as run_convert
+
+    try:
+        cfg = ConvertConfig(
+            src=src,
+            out=out,
+            format=format,
+            to=to,
+            shard_size=parse_size(shard_size),
+            decode_check=decode_check,
+            on_error=on_error,
+            overwrite=overwrite,
+            resume=resume,
+            progress=progress,
+        )
+        summary = run_convert(cfg)
+    except (PackerError, ReaderError) as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+def append(
+    out: Annotated[Path, typer.Argument(help="The packed dataset to add to (changed in place).")],
+    src: Annotated[Path, typer.Argument(help="Directory tree of the new images.")],
+    labels: Annotated[
+        list[str] | None, typer.Option(help="As for build (default: OUT's own --labels).")
+    ] = None,
+    label_depth: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    class_map: Annotated[
+        str,
+        typer.Option(
+            help="keep: a class name OUT lacks is an error; grow: new names get the next ids "
+            "after OUT's (old ids never change)."
+        ),
+    ] = "keep",
+    shard_size: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    workers: Annotated[int, typer.Option(help="As for build (default: all cores).")] = 0,
+    decode_check: Annotated[
+        bool | None,
+        typer.Option("--decode-check/--no-decode-check", help="As for build (default: OUT's)."),
+    ] = None,
+    on_error: Annotated[str | None, typer.Option(help="skip or fail (default: OUT's).")] = None,
+    resize: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    encode: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    quality: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    max_pixels: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = None,
+) -> None:
+    """Add SRC's images to OUT as new shards, atomically (existing ids and bytes stay).
+
+    OUT is the old or the new dataset at every moment.
+    """
+    from packer.append import append as run_append
+    from packer.append import append_config, read_dataset
+
+    try:
+        cfg = append_config(
+            out,
+            src,
+            read_dataset(out),
+            labels=tuple(labels) if labels else None,
+            label_depth=label_depth,
+            shard_size=parse_size(shard_size) if shard_size else None,
+            workers=workers or usable_cores(),
+            decode_check=decode_check,
+            on_error=on_error,
+            progress=progress,
+            resize=resize,
+            encode=encode,
+            quality=quality,
+            max_pixels=max_pixels,
+        )
+        summary = run_append(cfg, class_map=class_map)
+    except PackerError as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+def merge(
+    out: Annotated[Path, typer.Argument(help="The dataset to write.")],
+    sources: Annotated[list[Path], typer.Argument(help="Two or more datasets of one format.")],
+    shard_size: Annotated[str, typer.Option(help="As for build.")] = "1GiB",
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Keep the finished shards of an interrupted run.")
+    ] = False,
+) -> None:
+    """Write one dataset from several of the same format, records copied without decoding.
+
+    Class names are united (ids remapped, each source's map in meta.json).
+    """
+    from packer.regroup import merge_datasets
+
+    try:
+        summary = merge_datasets(
+            out, sources, shard_size=parse_size(shard_size), overwrite=overwrite, resume=resume
+        )
+    except PackerError as exc:
+        raise _fail(exc) from None
+    typer.echo(summary.line())
+
+
+def split(
+    out: Annotated[Path, typer.Argument(help="The dataset to split (read only).")],
+    into: Annotated[Path, typer.Argument(help="Directory to write DIR/<part> into.")],
+    parts: Annotated[str, typer.Option("--into", help="Parts and fractions: train=0.9,val=0.1.")],
+    seed: Annotated[int, typer.Option(help="The same seed gives the same parts.")] = 0,
+    stratify: Annotated[bool, typer.Option(help="Each label split by the fractions.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace parts that are packer datasets.")
+    ] = False,
+) -> None:
+    """Write DIR/train, DIR/val, ... as disjoint datasets that together hold all of OUT.
+
+    Records are copied without decoding.
+    """
+    from packer.regroup import parse_fractions, split_dataset
+
+    try:
+        summaries = split_dataset(
+            out, into, parse_fractions(parts), seed=seed, stratify=stratify, overwrite=overwrite
+        )
+    except PackerError as exc:
+        raise _fail(exc) from None
+    for summary in summaries.values():
+        typer.echo(summary.line())
+
+
+def dupes(
+    out: Annotated[Path, typer.Argument(help="A packed dataset.")],
+    others: Annotated[
+        list[Path] | None, typer.Argument(help="More packed datasets (e.g. val, test).")
+    ] = None,
+    near: Annotated[
+        bool,
+        typer.Option(
+            help="Also group resized or re-encoded copies (a perceptual hash; decodes every "
+            "image once, small)."
+        ),
+    ] = False,
+    threshold: Annotated[
+        int, typer.Option(help="--near: the most hash bits two copies may differ in (0..3).")
+    ] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """List groups of identical images within and across datasets, leakage first.
+
+    Groups that cross datasets come first, then groups whose labels conflict.
+    """
+    from packer.dupes import find_dupes
+    from packer.nearhash import MAX_THRESHOLD
+
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise _fail(ConfigError(f"--threshold {threshold}: expected 0..{MAX_THRESHOLD}"))
+    try:
+        report = find_dupes([out, *(others or [])], near=near, threshold=threshold)
+    except (PackerError, ReaderError) as exc:
+        raise _fail(exc) from None
+    typer.echo(
+        json.dumps(report.as_json(), indent=2, ensure_ascii=False) if as_json else report.text()
+    )
