@@ -140,12 +140,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             index first and the JPEG is decoded at the reduction it chose.
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
-        draft: ``S`` (the shorter side) or ``(H, W)``: JPEGs (by the index's ``format``) are
-            decoded at the largest DCT reduction (1/8, 1/4, 1/2) that keeps them at least that
-            large, by the index's width and height (`readers.draft`); other formats, images
-            already smaller, datasets without an index and ``decode="bytes"`` are as without
-            it. The size is of the image as returned (after EXIF orientation; ``unchanged``:
-            the stored grid). None (default): every image at full size, as before.
+        draft: ``S`` (shorter side) or ``(H, W)``: JPEGs decode at the largest DCT reduction
+            that keeps them at least that large, chosen from the index (`readers.draft`).
         verify_crc: check each record's CRC-32 against the index on read.
         on_error: ``raise`` (default): a sample that cannot be read, decoded or checked
             raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
@@ -157,9 +153,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             a local SSD) and read them there (see `readers.staging.stage`).
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
             used shards are evicted, shards that do not fit are read from `path`.
-        storage_options: for a URL `path`: keyword arguments of its fsspec filesystem
-            (default: the ``AWS_*`` variables). A URL is always staged, into `cache_dir` or
-            else `readers.remote.default_cache_dir` (one download per machine).
+        storage_options: for a URL `path` (always staged, by default into
+            `readers.remote.default_cache_dir`): its fsspec filesystem's keyword arguments.
 
     Raises:
         DatasetFormatError: the path is not a dataset of this format, or its files disagree.
