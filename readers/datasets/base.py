@@ -151,8 +151,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             (``OSError`` EMFILE, ENFILE, ENOMEM) always raise.
         cache_dir: copy the shards once per machine into this local directory (/dev/shm,
             a local SSD) and read them there (see `readers.staging.stage`).
-        cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
-            used shards are evicted, shards that do not fit are read from `path`.
+        cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``; LRU eviction).
         storage_options: for a URL `path` (always staged, by default into
             `readers.remote.default_cache_dir`): its fsspec filesystem's keyword arguments.
 
