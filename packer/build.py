@@ -69,6 +69,19 @@ class BuildSummary:
     reasons: dict[str, int] = field(default_factory=dict)
     already_complete: bool = False  # --resume found OUT finished, from the same plan
 
+    @classmethod
+    def of_complete(cls, out: Path, meta: dict[str, Any], started: float) -> BuildSummary:
+        """Return the summary of `out`, found complete (``--resume``), from its meta.json."""
+        return cls(
+            out=out,
+            packed=int(meta.get("num_samples", 0)),
+            skipped=int(meta.get("num_errors", 0)),
+            bytes=int(meta.get("payload_bytes", 0)),
+            shards=int(meta.get("num_shards", 0)),
+            seconds=time.perf_counter() - started,
+            already_complete=True,
+        )
+
     @property
     def images_per_second(self) -> float:
         """Return the packing rate: images packed per second (0.0 when no time passed)."""
@@ -165,15 +178,15 @@ def _already_complete(
     differences = complete_differences(cfg.out, meta, digest, _output_options(cfg), entries)
     if differences:
         raise OutputDiffersError(str(cfg.out), differences)
-    return BuildSummary(
-        out=cfg.out,
-        packed=int(meta.get("num_samples", 0)),
-        skipped=int(meta.get("num_errors", 0)),
-        bytes=int(meta.get("payload_bytes", 0)),
-        shards=int(meta.get("num_shards", 0)),
-        seconds=time.perf_counter() - started,
-        already_complete=True,
-    )
+    return BuildSummary.of_complete(cfg.out, meta, started)
+
+
+def finish_output(tmp: Path, out: Path, meta: dict[str, Any], *, overwrite: bool) -> None:
+    """Drop the build's own files from `tmp`, write its meta.json last and publish it as `out`."""
+    for name in (PLAN_NAME, MERGING_NAME):
+        (tmp / name).unlink(missing_ok=True)
+    write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
+    publish_output(tmp, out, overwrite=overwrite)
 
 
 def prepare_build_dir(
@@ -340,10 +353,7 @@ def _build(
             writer=shard_cls.describe(),
             plan_digest=digest,  # what --resume of a finished OUT compares
         )
-        for name in (PLAN_NAME, MERGING_NAME):
-            (tmp / name).unlink(missing_ok=True)
-        write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
-        publish_output(tmp, out, overwrite=cfg.overwrite)
+        finish_output(tmp, out, meta, overwrite=cfg.overwrite)
     except BaseException as exc:
         # an input error or a bug: nothing is kept. An interruption (Ctrl-C, a full disk,
         # a kill, a Ray task that kept dying): the finished shards stay for --resume; OUT is

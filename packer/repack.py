@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__
-from packer.build import BuildSummary, prepare_build_dir, publish_output, temp_dir_for
+from packer.build import BuildSummary, finish_output, prepare_build_dir, temp_dir_for
 from packer.engines import progress_bar
 from packer.errors import ConfigError, DiskFullError, InputError, OutputExistsError, PackerError
 from packer.formats import FORMATS
 from packer.output import build_lock, check_output_apart, prepare_parent
 from packer.plan import (
     MERGING_NAME,
-    PLAN_NAME,
     OutputDiffersError,
     ShardPlan,
     plan_shards,
@@ -160,15 +159,7 @@ def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:
         raise OutputExistsError(str(out)) from None
     if meta.get("plan_digest") != digest:
         raise OutputDiffersError(str(out), ["its inputs or options differ from this run's"])
-    return BuildSummary(
-        out=out,
-        packed=int(meta.get("num_samples", 0)),
-        skipped=int(meta.get("num_errors", 0)),
-        bytes=int(meta.get("payload_bytes", 0)),
-        shards=int(meta.get("num_shards", 0)),
-        seconds=time.perf_counter() - started,
-        already_complete=True,
-    )
+    return BuildSummary.of_complete(out, meta, started)
 
 
 def _write_shards(
@@ -275,10 +266,7 @@ def _repack(
             writer=shard_cls.describe(),
             plan_digest=digest,
         )
-        for name in (PLAN_NAME, MERGING_NAME):
-            (tmp / name).unlink(missing_ok=True)
-        write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
-        publish_output(tmp, out, overwrite=cfg.overwrite)
+        finish_output(tmp, out, meta, overwrite=cfg.overwrite)
     except BaseException as exc:
         # as in a build: an input error or a bug removes everything; an interruption keeps
         # the finished shards for --resume. OUT is not there either way.
