@@ -16,8 +16,9 @@ from readers.formats import REGISTRY
 from readers.formats.layout import META_NAME
 from readers.index import load_meta
 from readers.io.identity import meta_stamp, read_meta_once
+from readers.io.ranges import is_url
 
-__all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset"]
+__all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset", "open_remote_dataset"]
 
 
 def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
@@ -31,6 +32,8 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     Raises:
         DatasetFormatError: `path` is none of these; the message says what was found.
     """
+    if is_url(path) and kwargs.get("cache_dir") is None:
+        return open_remote_dataset(str(path), **kwargs)
     root = Path(path)
     if (root / META_NAME).exists():
         stamp = meta_stamp(root)
@@ -57,6 +60,29 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     else:
         found = "nothing at that path"
     raise DatasetFormatError(f"{root}: not a dataset packer can open: {expected}; found {found}")
+
+
+def open_remote_dataset(url: str, **kwargs: Any) -> ShardedDataset:
+    """Open the packed dataset at `url` in object storage in place (its format from meta.json).
+
+    Raises:
+        DatasetFormatError: no ``meta.json`` there, or a format this version cannot read.
+    """
+    import json
+
+    from readers.io.ranges import open_fs
+
+    fs, root = open_fs(url, kwargs.get("storage_options"))
+    try:
+        meta = json.loads(fs.cat_file(f"{root.rstrip('/')}/{META_NAME}"))
+    except FileNotFoundError:
+        meta = {}  # the dataset class says what is missing
+    except ValueError as exc:
+        raise DatasetFormatError(f"{url}/{META_NAME}: not JSON ({exc})") from exc
+    fmt = REGISTRY.get(str(meta.get("format", "recordio")))
+    if fmt is None:
+        raise DatasetFormatError(f"{url}: format {meta['format']!r} is not readable here")
+    return fmt.dataset_class()(url, **kwargs)  # type: ignore[no-any-return]
 
 
 def json_format(root: Path) -> str:

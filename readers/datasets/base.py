@@ -30,6 +30,7 @@ from readers.formats.layout import META_NAME
 from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
+from readers.io.ranges import is_url
 from readers.io.readahead import Readahead, willneed
 from readers.staging import stage
 
@@ -117,6 +118,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             (``OSError`` EMFILE, ENFILE, ENOMEM) always raise.
         cache_dir: copy the shards once per machine into this local directory (/dev/shm,
             a local SSD) and read them there (see `readers.staging.stage`).
+        storage_options: options of the object store's fsspec filesystem, for a URL `path`
+            (credentials, ``endpoint_url``); the standard AWS variables apply otherwise.
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
             used shards are evicted, shards that do not fit are read from `path`.
 
@@ -137,12 +140,16 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         on_error: str = "raise",
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         check_mode(decode)
+        remote = is_url(path) and cache_dir is None
         if cache_dir is not None:  # read a node-local copy (readers.staging)
             path = stage(path, cache_dir, cache_limit=cache_limit)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+        self.url: str | None = str(path) if remote else None
+        """The dataset's URL when it is read from object storage without a local copy."""
         self.root = Path(path)
         self.transform = transform
         self.decode = decode
@@ -161,7 +168,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self.identity: DatasetIdentity | None = None
         """The build opened (packed datasets): shards opened later are checked against it."""
         self._ahead = Readahead()  # hints ahead of (nearly) increasing reads, per process
-        if (self.root / META_NAME).exists():
+        if remote:
+            self._open_remote(str(path), storage_options)
+        elif (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
         else:
             self._open_bare()
@@ -190,6 +199,13 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def _open_bare(self) -> None:
         raise NotImplementedError
+
+    def _open_remote(self, url: str, storage_options: dict[str, Any] | None) -> None:
+        """Open a dataset in object storage in place; formats that cannot need a local copy."""
+        raise DatasetFormatError(
+            f"{url}: {self.shard_format.title} datasets in object storage are read from a local "
+            "copy; pass cache_dir= (a local directory) to stage it there"
+        )
 
     # --- decoding --------------------------------------------------------------------------
 
