@@ -15,6 +15,7 @@ from packer.transform import DEFAULT_MAX_PIXELS, Transform, parse_resize
 from readers import _paddle
 from readers.errors import ReaderError
 from readers.formats import FORMATS, REGISTRY
+from readers.remote import StorageExtraMissingError, is_url
 
 _TITLES = "/".join(fmt.title for fmt in REGISTRY.values())
 _FORMAT_HELP = "; ".join(f"{fmt.name}: {fmt.summary}" for fmt in REGISTRY.values()) + "."
@@ -57,8 +58,19 @@ def _transform(
 
 @app.command()
 def build(
-    src: Annotated[Path, typer.Argument(help="Directory tree of images (and label files).")],
-    out: Annotated[Path, typer.Argument(help=f"Output dataset directory (e.g. out.{FORMATS[0]}).")],
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="Directory tree of images (and label files), or a URL (s3://bucket/images/)."
+        ),
+    ],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help=f"Output dataset directory (e.g. out.{FORMATS[0]}), or a URL "
+            f"(s3://bucket/out.{FORMATS[0]}): published with meta.json last."
+        ),
+    ],
     format: Annotated[
         str,
         typer.Option(
@@ -162,10 +174,10 @@ def build(
     """Pack SRC into the dataset directory OUT (written atomically)."""
     from packer.build import build as run_build
 
-    try:
-        cfg = BuildConfig(
-            src=src,
-            out=out,
+    def make_config(src_path: Path, out_path: Path) -> BuildConfig:
+        return BuildConfig(
+            src=src_path,
+            out=out_path,
             format=format,
             labels=tuple(labels) if labels else "auto",
             label_depth=label_depth,
@@ -181,8 +193,28 @@ def build(
             ray_address=ray_address,
             transform=_transform(resize, encode, quality, max_pixels),
         )
-        summary = run_build(cfg)
-    except PackerError as exc:
+
+    try:
+        if is_url(src) or is_url(out):
+            from packer.remote import build_remote
+
+            summary, upload = build_remote(
+                src,
+                out,
+                lambda s, o: run_build(make_config(s, o)),
+                src_is_url=is_url(src),
+                out_is_url=is_url(out),
+                overwrite=overwrite,
+                resume=resume,
+                log=lambda m: typer.echo(m, err=True),
+            )
+            if upload is not None:
+                typer.echo(summary.line().replace(str(summary.out), "a local build"), err=True)
+                typer.echo(upload.line())
+                return
+        else:
+            summary = run_build(make_config(Path(src), Path(out)))
+    except (PackerError, ReaderError, StorageExtraMissingError) as exc:
         raise _fail(exc) from None
     typer.echo(summary.line())
 
@@ -190,15 +222,26 @@ def build(
 @app.command()
 def verify(
     out: Annotated[
-        Path,
-        typer.Argument(help=f"A packed dataset, or a bare copy of a format: {_BARE_HELP}."),
+        str,
+        typer.Argument(
+            help=f"A packed dataset (a directory or a URL), or a bare copy of a format: "
+            f"{_BARE_HELP}."
+        ),
     ],
     deep: Annotated[bool, typer.Option(help="Also decode every image and check its size.")] = False,
 ) -> None:
     """Check a dataset: exit 0 when intact, else print each problem and exit 1."""
     from packer.verify import verify as run_verify
 
-    problems = run_verify(out, deep=deep)
+    if is_url(out):
+        from packer.remote import verify_url
+
+        try:
+            problems = verify_url(out, deep=deep)
+        except StorageExtraMissingError as exc:
+            raise _fail(exc) from None
+    else:
+        problems = run_verify(Path(out), deep=deep)
     for line in problems:
         typer.echo(line)
     if problems:
@@ -209,15 +252,20 @@ def verify(
 
 @app.command()
 def info(
-    out: Annotated[Path, typer.Argument(help="A packed dataset.")],
+    out: Annotated[str, typer.Argument(help="A packed dataset (a directory or a URL).")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Counts, classes, label histogram, image sizes, formats and shards."""
     from packer.info import describe, format_summary
 
     try:
-        summary = describe(out)
-    except (PackerError, ReaderError) as exc:
+        if is_url(out):
+            from packer.remote import describe_url
+
+            summary = describe_url(out)
+        else:
+            summary = describe(Path(out))
+    except (PackerError, ReaderError, StorageExtraMissingError) as exc:
         raise _fail(exc) from None
     typer.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 

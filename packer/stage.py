@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from readers.errors import ReaderError
+from readers.remote import StorageExtraMissingError
 from readers.staging import Stager, StageResult, parse_size
 
 
@@ -16,7 +17,7 @@ def _mb(nbytes: int) -> str:
     return f"{nbytes / 1e6:.1f} MB"
 
 
-def summary(out: Path, result: StageResult, limit: str | None) -> list[str]:
+def summary(out: str | Path, result: StageResult, limit: str | None) -> list[str]:
     """The lines `packer stage` prints about what it did."""
     done = len(result.copied) + len(result.reused)
     total = done + len(result.origin)
@@ -49,7 +50,11 @@ def summary(out: Path, result: StageResult, limit: str | None) -> list[str]:
 
 def stage_command(
     out: Annotated[
-        Path, typer.Argument(metavar="OUT", help="A packed dataset (on slow or shared storage).")
+        str,
+        typer.Argument(
+            metavar="OUT",
+            help="A packed dataset (on slow or shared storage), or its URL (s3://bucket/x).",
+        ),
     ],
     cache_dir: Annotated[
         Path,
@@ -87,13 +92,13 @@ def stage_command(
             unit="B",
             unit_scale=True,
             unit_divisor=1024,
-            desc=f"staging {out.name}",
+            desc=f"staging {out.rstrip('/').rsplit('/', 1)[-1]}",
             disable=not show,
             file=sys.stderr,
         ) as bar:
             stager.progress = bar.update
             result = stager.run()
-    except (ReaderError, OSError) as exc:
+    except (ReaderError, OSError, StorageExtraMissingError) as exc:
         typer.echo(f"packer: error: {exc}", err=True)
         raise typer.Exit(2) from None
     for line in summary(out, result, limit):

@@ -16,7 +16,8 @@ from readers.formats import REGISTRY
 from readers.formats.layout import META_NAME
 from readers.index import load_meta
 from readers.io.identity import meta_stamp, read_meta_once
-from readers.io.ranges import is_url
+from readers.remote import default_cache_dir, is_url
+from readers.staging import stage
 
 __all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset", "open_remote_dataset"]
 
@@ -29,11 +30,27 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     its ``.idx``; the path of the ``.rec``, of the ``.idx``, their prefix, or a folder holding
     one ``.rec``). Keyword arguments go to the dataset class.
 
+    A URL (``s3://bucket/out.lmdb``) is staged first (``cache_dir=``, ``cache_limit=``,
+    ``storage_options=``; see `ShardedDataset`), then the staged copy is opened; a RecordIO
+    dataset without ``cache_dir=`` is read in place by byte range (`open_remote_dataset`).
+
     Raises:
         DatasetFormatError: `path` is none of these; the message says what was found.
+        DatasetNotFoundError: `path` is a URL without meta.json (no dataset, or an
+            unfinished upload).
     """
     if is_url(path) and kwargs.get("cache_dir") is None:
-        return open_remote_dataset(str(path), **kwargs)
+        in_place = open_remote_dataset(str(path), **kwargs)
+        if in_place is not None:
+            return in_place
+    if is_url(path):
+        staged = stage(
+            path,
+            kwargs.pop("cache_dir", None) or default_cache_dir(),
+            cache_limit=kwargs.pop("cache_limit", None),
+            storage_options=kwargs.pop("storage_options", None),
+        )
+        return open_dataset(staged, **kwargs)
     root = Path(path)
     if (root / META_NAME).exists():
         stamp = meta_stamp(root)
@@ -62,27 +79,25 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     raise DatasetFormatError(f"{root}: not a dataset packer can open: {expected}; found {found}")
 
 
-def open_remote_dataset(url: str, **kwargs: Any) -> ShardedDataset:
-    """Open the packed dataset at `url` in object storage in place (its format from meta.json).
+def open_remote_dataset(url: str, **kwargs: Any) -> ShardedDataset | None:
+    """Open the dataset at `url` in place, by byte range, when its format reads that way.
+
+    Returns None for a format that must be staged (LMDB).
 
     Raises:
-        DatasetFormatError: no ``meta.json`` there, or a format this version cannot read.
+        DatasetNotFoundError: no meta.json at `url`.
+        DatasetFormatError: meta.json is not usable, or names a format this version cannot read.
     """
-    import json
+    from readers.remote.dataset import RemoteDataset
 
-    from readers.io.ranges import open_fs
-
-    fs, root = open_fs(url, kwargs.get("storage_options"))
-    try:
-        meta = json.loads(fs.cat_file(f"{root.rstrip('/')}/{META_NAME}"))
-    except FileNotFoundError:
-        meta = {}  # the dataset class says what is missing
-    except ValueError as exc:
-        raise DatasetFormatError(f"{url}/{META_NAME}: not JSON ({exc})") from exc
-    fmt = REGISTRY.get(str(meta.get("format", "recordio")))
+    meta = RemoteDataset(url, kwargs.get("storage_options")).meta
+    fmt = REGISTRY.get(str(meta.get("format")))
     if fmt is None:
-        raise DatasetFormatError(f"{url}: format {meta['format']!r} is not readable here")
-    return fmt.dataset_class()(url, **kwargs)  # type: ignore[no-any-return]
+        raise DatasetFormatError(f"{url}: format {meta.get('format')!r} is not readable here")
+    cls = fmt.dataset_class()
+    if not getattr(cls, "reads_ranges", False):
+        return None
+    return cls(url, **kwargs)  # type: ignore[no-any-return]
 
 
 def json_format(root: Path) -> str:

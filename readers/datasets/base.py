@@ -30,8 +30,8 @@ from readers.formats.layout import META_NAME
 from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
-from readers.io.ranges import is_url
 from readers.io.readahead import Readahead, willneed
+from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 
 ON_ERROR = ("raise", "skip")
@@ -105,7 +105,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     and may extend ``_open_packed(index)``.
 
     Args:
-        path: the dataset directory written by ``packer build``, or a bare copy of the format.
+        path: the dataset directory written by ``packer build``, or a bare copy of the format,
+            or the URL of a dataset published in object storage (``s3://bucket/out.lmdb``).
         transform: applied to the decoded image.
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
@@ -118,10 +119,13 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             (``OSError`` EMFILE, ENFILE, ENOMEM) always raise.
         cache_dir: copy the shards once per machine into this local directory (/dev/shm,
             a local SSD) and read them there (see `readers.staging.stage`).
-        storage_options: options of the object store's fsspec filesystem, for a URL `path`
-            (credentials, ``endpoint_url``); the standard AWS variables apply otherwise.
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``); least recently
             used shards are evicted, shards that do not fit are read from `path`.
+        storage_options: for a URL `path`: keyword arguments of its fsspec filesystem
+            (default: the ``AWS_*`` variables). A URL is staged into `cache_dir`; without
+            one, a format that reads by byte range (``reads_ranges``: RecordIO) reads the
+            objects in place, any other is staged into `readers.remote.default_cache_dir`
+            (one download per machine).
 
     Raises:
         DatasetFormatError: the path is not a dataset of this format, or its files disagree.
@@ -129,6 +133,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     shard_format: ClassVar[ShardFormat]
     format: ClassVar[str]
+    reads_ranges: ClassVar[bool] = False
+    """Whether a URL without ``cache_dir`` is read in place by byte range (`_open_remote`)."""
 
     def __init__(
         self,
@@ -143,9 +149,11 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         check_mode(decode)
-        remote = is_url(path) and cache_dir is None
+        remote = is_url(path) and cache_dir is None and self.reads_ranges
+        if is_url(path) and not remote:  # object storage: read a node-local copy
+            cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         if cache_dir is not None:  # read a node-local copy (readers.staging)
-            path = stage(path, cache_dir, cache_limit=cache_limit)
+            path = stage(path, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         self.url: str | None = str(path) if remote else None
@@ -201,11 +209,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         raise NotImplementedError
 
     def _open_remote(self, url: str, storage_options: dict[str, Any] | None) -> None:
-        """Open a dataset in object storage in place; formats that cannot need a local copy."""
-        raise DatasetFormatError(
-            f"{url}: {self.shard_format.title} datasets in object storage are read from a local "
-            "copy; pass cache_dir= (a local directory) to stage it there"
-        )
+        """Open a dataset in object storage in place (formats with ``reads_ranges``)."""
+        raise NotImplementedError
 
     # --- decoding --------------------------------------------------------------------------
 

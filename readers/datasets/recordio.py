@@ -162,6 +162,7 @@ class RecordIODataset(ShardedDataset):
     """
 
     shard_format = FORMAT
+    reads_ranges = True
     format = FORMAT.name
 
     keys: np.ndarray | None = None

@@ -1,7 +1,8 @@
 """Open a packed dataset in object storage in place: its small files fetched, shards by range.
 
-`open_remote_index` downloads ``meta.json`` and the index (a few MB at most) and loads them as
-for a local dataset; a dataset without ``meta.json`` does not exist (it is uploaded last).
+`RemoteShards` reads ``meta.json`` (`readers.remote.dataset.RemoteDataset`: without it there is
+no dataset), downloads the index (a few MB at most) and loads it as for a local dataset, and
+notes the size and ETag of every shard object.
 `record_ranges` and `run_pieces` map sample ids to byte ranges of the shard objects: one record
 each, or a run of records in pieces of at most `PIECE_BYTES` cut at record boundaries.
 """
@@ -18,63 +19,59 @@ from readers.errors import DatasetFormatError
 from readers.formats.base import ShardFormat
 from readers.formats.layout import INDEX_COLUMNAR_NAME, INDEX_NAME, META_NAME
 from readers.index import DatasetIndex
-from readers.io.ranges import PIECE_BYTES, RangeCache, RemoteObjects, _credentials_error, open_fs
+from readers.io.ranges import PIECE_BYTES, RangeCache, RemoteObjects, credentials_error
+from readers.remote.dataset import RemoteDataset
 
 __all__ = ["RemoteShards", "open_remote_index", "record_ends", "run_pieces"]
 
 
-def _join(root: str, name: str) -> str:
-    return f"{root.rstrip('/')}/{name}"
-
-
-def open_remote_index(
-    fs: Any, root: str, url: str, fmt: ShardFormat
-) -> tuple[DatasetIndex, dict[str, Any]]:
-    """The index of the packed dataset at `root` of `fs` (`url` names it in messages).
+def open_remote_index(remote: RemoteDataset, fmt: ShardFormat) -> DatasetIndex:
+    """The index of the published dataset `remote`, loaded as for a local dataset.
 
     Raises:
-        DatasetFormatError: no ``meta.json`` (not a published dataset), or the index does not
-            load or is of another format.
+        DatasetFormatError: the index does not load or is of another format.
         RemoteCredentialsError: the store refused the request.
     """
     from readers.datasets.base import load_packed_index
     from readers.index import load_meta
 
     with tempfile.TemporaryDirectory(prefix="packer-remote-") as tmp:
-        for name in (META_NAME, INDEX_COLUMNAR_NAME, INDEX_NAME):
+        (Path(tmp) / META_NAME).write_bytes(remote.meta_bytes)
+        for name in (INDEX_COLUMNAR_NAME, INDEX_NAME):
             try:
-                data = fs.cat_file(_join(root, name))
-            except FileNotFoundError as exc:
-                if name == META_NAME:
-                    raise DatasetFormatError(
-                        f"{url}: no {META_NAME}, so no published packer dataset (a build is "
-                        f"uploaded with {META_NAME} last: is the upload still running, or did "
-                        "it fail? publish it again)"
-                    ) from exc
+                data = remote.fs.cat_file(remote.object_path(name))
+            except FileNotFoundError:
                 continue
             except PermissionError as exc:
-                raise _credentials_error(_join(url, name), exc) from exc
+                raise credentials_error(remote.where(name), exc) from exc
             (Path(tmp) / name).write_bytes(data)
-        meta = load_meta(Path(tmp))
-        return load_packed_index(Path(tmp), fmt, meta), meta
+        return load_packed_index(Path(tmp), fmt, load_meta(Path(tmp)))
 
 
 class RemoteShards:
     """The shard objects of a packed dataset opened in place, and the ranges read of them.
 
     Args:
-        url: the dataset's URL (``s3://bucket/prefix``).
+        url: the dataset's URL (``s3://bucket/prefix``): its ``meta.json`` names where the
+            other files lie (`readers.remote.dataset.RemoteDataset`).
         storage_options: options of the fsspec filesystem.
         fmt: the dataset's format.
+
+    Raises:
+        DatasetNotFoundError: no ``meta.json`` at `url`.
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None, fmt: ShardFormat):
-        self.url = url.rstrip("/")
-        fs, root = open_fs(url, storage_options)
-        self.index, self.meta = open_remote_index(fs, root, url, fmt)
-        names = self.index.shard_names
-        paths = [fmt.data_file(_join(root, fmt.shard_path(Path(), n))) for n in names]
-        self.objects = RemoteObjects(url, storage_options, paths)
+        remote = RemoteDataset(url, storage_options)
+        self.url = remote.url
+        self.index = open_remote_index(remote, fmt)
+        rels = [fmt.data_file(fmt.shard_path(Path(), name)) for name in self.index.shard_names]
+        self.objects = RemoteObjects(
+            url,
+            storage_options,
+            [remote.object_path(rel) for rel in rels],
+            [remote.where(rel) for rel in rels],
+        )
         self.cache = RangeCache(self.objects)
         self.sizes = np.asarray([o.size for o in self.objects.objects], dtype=np.int64)
 

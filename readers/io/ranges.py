@@ -37,8 +37,7 @@ __all__ = [
     "RemoteObjectChangedError",
     "RemoteObjects",
     "RemoteReadError",
-    "is_url",
-    "open_fs",
+    "credentials_error",
 ]
 
 ATTEMPTS = 4
@@ -63,22 +62,6 @@ class RemoteCredentialsError(ReaderError):
 
 class RemoteObjectChangedError(DatasetRebuiltError):
     """An object's size or ETag is not the one it had when the dataset was opened."""
-
-
-def is_url(path: Any) -> bool:
-    """Whether `path` is a URL with a protocol other than ``file`` (``s3://bucket/prefix``)."""
-    text = str(path) if isinstance(path, str) else None
-    if text is None or "://" not in text:
-        return False
-    return text.split("://", 1)[0].lower() not in ("", "file")
-
-
-def open_fs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec filesystem of `url` and the path of `url` inside it."""
-    import fsspec.core  # type: ignore[import-untyped]
-
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return fs, str(path)
 
 
 def _expired(exc: BaseException) -> bool:
@@ -118,23 +101,28 @@ class RemoteObjects:
     not fork-safe), from the URL and options it was made from.
 
     Args:
-        url: the dataset's URL: its protocol and options make the filesystem.
+        url: the dataset's URL: it and the options make the filesystem.
         storage_options: fsspec options for it.
         paths: the objects' paths in that filesystem, in shard order.
+        urls: their URLs, for messages.
 
     Raises:
         RemoteReadError: an object is missing or cannot be listed.
     """
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None, paths: Iterable[str]
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None,
+        paths: Iterable[str],
+        urls: Iterable[str],
     ) -> None:
         self.source = url
         self.storage_options = storage_options
-        self.protocol = url.split("://", 1)[0]
         self._fs: Any = None
         self._pid = -1
-        self.objects = [self._stat(path) for path in paths]
+        self._urls = dict(zip(paths, urls, strict=True))
+        self.objects = [self._stat(path) for path in self._urls]
         self.retries = 0
         """Our retries in this process (the client's own are not counted)."""
 
@@ -145,12 +133,14 @@ class RemoteObjects:
     def fs(self) -> Any:
         """The fsspec filesystem of this process."""
         if self._pid != os.getpid():
-            self._fs, self._pid = open_fs(self.source, self.storage_options)[0], os.getpid()
+            from readers.remote import filesystem
+
+            self._fs, self._pid = filesystem(self.source, self.storage_options)[0], os.getpid()
         return self._fs
 
     def url(self, path: str) -> str:
         """The URL of `path`, for messages."""
-        return f"{self.protocol}://{path}"
+        return self._urls.get(path, path)
 
     def _stat(self, path: str, *, refresh: bool = False) -> RemoteObject:
         url = self.url(path)
@@ -164,7 +154,7 @@ class RemoteObjects:
                 "not uploaded? re-upload the dataset)"
             ) from exc
         except PermissionError as exc:
-            raise _credentials_error(url, exc) from exc
+            raise credentials_error(url, exc) from exc
         etag = info.get("ETag") or info.get("etag")
         return RemoteObject(url, path, int(info["size"]), None if etag is None else str(etag))
 
@@ -206,7 +196,7 @@ class RemoteObjects:
             try:
                 data = self.fs.cat_file(obj.path, start=begin, end=end)
             except PermissionError as exc:
-                raise _credentials_error(obj.url, exc) from exc
+                raise credentials_error(obj.url, exc) from exc
             except FileNotFoundError as exc:
                 raise RemoteObjectChangedError(
                     f"{obj.url}: the object is gone since the dataset was opened; reopen it "
@@ -239,7 +229,7 @@ class RemoteObjects:
         ) from last
 
 
-def _credentials_error(url: str, exc: BaseException) -> RemoteCredentialsError:
+def credentials_error(url: str, exc: BaseException) -> RemoteCredentialsError:
     if _expired(exc):
         return RemoteCredentialsError(
             f"{url}: access refused, the credentials expired ({exc}); refresh AWS credentials "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from readers.staging.files import Progress, StagingError, parse_size
 from readers.staging.stager import Stager, StageResult, release
@@ -30,11 +31,14 @@ def stage(
     check: bool = False,
     hold: bool = True,
     progress: Progress | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Path:
     """Stage the packed dataset `path` into `cache_dir` and return the local dataset directory.
 
     Args:
-        path: a packed dataset directory (``meta.json``, index, shards).
+        path: a packed dataset directory (``meta.json``, index, shards), or the URL of one
+            published in object storage (``s3://bucket/out.lmdb``): every shard is then
+            copied (one download per machine), none can be read in place.
         cache_dir: a local directory (``/dev/shm/...``, a local SSD) shared by every process
             of the machine; one subdirectory per dataset (keyed by its path and meta.json);
             those of older builds of `path` are removed when nobody uses them.
@@ -45,6 +49,8 @@ def stage(
         hold: keep a shared lock on every staged shard until this process exits (or
             `release`), so that other processes never evict a shard this one uses.
         progress: called with a byte count as shards are copied or found staged.
+        storage_options: for a URL: keyword arguments of its fsspec filesystem (credentials,
+            endpoint); default: the standard environment variables (``AWS_*``).
     """
     stager = Stager(
         path,
@@ -53,5 +59,6 @@ def stage(
         check=check,
         hold=hold,
         progress=progress,
+        storage_options=storage_options,
     )
     return stager.run().root

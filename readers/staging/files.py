@@ -14,11 +14,13 @@ import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from readers import sizes
 from readers.errors import ReaderError
-from readers.files import open_inside
+
+if TYPE_CHECKING:
+    from readers.staging.origin import Origin
 
 BLOCK = 4 << 20
 TMP_MARK = ".tmp-"
@@ -99,12 +101,12 @@ def crc_file(path: Path, progress: Progress | None = None) -> int:
 
 
 def copy_checked(
-    root: Path, rel: str, dst: Path, progress: Progress | None = None
+    origin: Origin, rel: str, dst: Path, progress: Progress | None = None
 ) -> dict[str, int]:
-    """Copy the regular file ``root/rel`` to the new file `dst`, checked.
+    """Copy the file `rel` of `origin` to the new file `dst`, checked.
 
-    ``root/rel`` is reached through no symbolic link; `dst` is fsynced, re-read and its CRC-32
-    compared.
+    A local origin's file is reached through no symbolic link; `dst` is fsynced, re-read and
+    its CRC-32 compared.
 
     The copy's permissions are at most the origin's (and the umask's), never executable: a
     file only its owner may read stays so in a shared cache.
@@ -115,16 +117,12 @@ def copy_checked(
         NotRegularFileError: the origin is a link, a FIFO, a device...; StagingError: the copy
             does not read back as written.
     """
-    src = root / rel
     crc = 0
     size = 0
-    with open_inside(root, rel) as fin:
-        origin_mode = os.fstat(fin.fileno()).st_mode & 0o666
+    with origin.open(rel) as (fin, origin_mode):
         # owner read/write while copying; the origin's bits (under the umask) once checked
         fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, origin_mode | 0o600)
         with os.fdopen(fd, "r+b") as fout:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fin.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             while block := fin.read(BLOCK):
                 crc = zlib.crc32(block, crc)
                 size += len(block)
@@ -136,8 +134,8 @@ def copy_checked(
             copied = crc_file(dst)
             if copied != crc or os.fstat(fd).st_size != size:
                 raise StagingError(
-                    f"{dst}: copy of {src} reads back with CRC-32 {copied:08x}, expected "
-                    f"{crc:08x} (local disk or memory error?)"
+                    f"{dst}: copy of {origin.where(rel)} reads back with CRC-32 {copied:08x}, "
+                    f"expected {crc:08x} (local disk or memory error?)"
                 )
             os.fchmod(fd, os.fstat(fd).st_mode & origin_mode)
     return {"size": size, "crc32": crc}

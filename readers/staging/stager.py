@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from readers.files import DATASET_FILES, NotRegularFileError, open_inside, stat_inside
+from readers.files import DATASET_FILES, NotRegularFileError
 from readers.formats import FORMATS, get_format
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.staging import cache
@@ -39,6 +39,7 @@ from readers.staging.files import (
     remove,
     write_json_atomic,
 )
+from readers.staging.origin import Origin, make_origin
 
 # Use locks this process holds on staged shards: staged dataset directory -> shard -> fd.
 _HELD: dict[Path, dict[str, int]] = {}
@@ -58,43 +59,23 @@ class StageResult:
     bytes_copied: int = 0
 
 
-def _stat(root: Path, rel: str) -> list[int]:
-    st = stat_inside(root, rel)
-    return [st.st_size, st.st_mtime_ns]
-
-
-def _dir_mode(path: Path) -> int:
-    """Return the permissions of a directory made in the cache for the origin directory `path`.
-
-    They are at most the origin's (and the umask's), always usable by its owner.
-    """
-    return (os.stat(path, follow_symlinks=False).st_mode & 0o777) | 0o700
-
-
-def _read_meta(origin: Path) -> tuple[bytes, dict[str, Any]]:
-    """The bytes of `origin`'s meta.json (a regular file, not a link) and the object they hold."""
-    try:
-        with open_inside(origin, META_NAME) as f:
-            data = f.read()
-    except (FileNotFoundError, NotADirectoryError):
-        raise StagingError(
-            f"{origin}: no {META_NAME}; only a packed dataset (packer build) can be staged"
-        ) from None
+def _parse_meta(origin: Origin, data: bytes) -> dict[str, Any]:
+    """The object that the meta.json bytes `data` of `origin` hold."""
     try:
         meta = json.loads(data)
     except ValueError as exc:
-        raise StagingError(f"{origin / META_NAME}: not valid JSON ({exc})") from None
+        raise StagingError(f"{origin.where(META_NAME)}: not valid JSON ({exc})") from None
     if not isinstance(meta, dict):
-        raise StagingError(f"{origin / META_NAME}: expected a JSON object")
-    return data, meta
+        raise StagingError(f"{origin.where(META_NAME)}: expected a JSON object")
+    return meta
 
 
-def _present(origin: Path, names: Iterable[str]) -> list[str]:
+def _present(origin: Origin, names: Iterable[str]) -> list[str]:
     """Those of the optional small files `names` that `origin` has (each a regular file)."""
     found = []
     for name in names:
         try:
-            stat_inside(origin, name)
+            origin.size(name)
         except FileNotFoundError:
             continue
         found.append(name)
@@ -102,7 +83,11 @@ def _present(origin: Path, names: Iterable[str]) -> list[str]:
 
 
 class Stager:
-    """Stages the packed dataset at `origin` into `cache_dir` (see `readers.staging.stage`)."""
+    """Stages the packed dataset at `origin` into `cache_dir` (see `readers.staging.stage`).
+
+    `origin` is a local directory or a URL (``s3://bucket/out.lmdb``, read with
+    `storage_options`); a remote origin's shards must all fit under `cache_limit`.
+    """
 
     def __init__(
         self,
@@ -113,21 +98,24 @@ class Stager:
         check: bool = False,
         hold: bool = True,
         progress: Progress | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.origin = Path(origin).resolve()
+        self.source: Origin = make_origin(origin, storage_options)
+        self.origin = self.source.key  # a resolved local path, or the URL
         self.cache = Path(cache_dir)
         self.limit = cache_limit
         self.check = check
         self.hold = hold
         self.progress = progress
-        self.meta_bytes, self.meta = _read_meta(self.origin)
+        self.meta_bytes = self.source.read_meta()
+        self.meta = _parse_meta(self.source, self.meta_bytes)
         self.generation = cache.compute_generation(self.meta_bytes)
-        key = hashlib.sha256(str(self.origin).encode() + b"\0" + self.meta_bytes).hexdigest()
-        self.root = self.cache / f"{self.origin.name}-{key[:16]}"
+        key = hashlib.sha256(self.origin.encode() + b"\0" + self.meta_bytes).hexdigest()
+        self.root = self.cache / f"{self.source.name}-{key[:16]}"
         fmt = get_format(str(self.meta.get("format")))
         if fmt is None:
             raise StagingError(
-                f"{self.origin / META_NAME}: format {self.meta.get('format')!r} is not one of "
+                f"{self.source.where(META_NAME)}: format {self.meta.get('format')!r} is not one of "
                 f"{', '.join(FORMATS)}"
             )
         self.shards: list[dict[str, Any]] = list(self.meta.get("shards", []))
@@ -135,19 +123,19 @@ class Stager:
         # as the format names them; the entries are what the staged directory links.
         self.files = {str(s["name"]): list(fmt.shard_files(str(s["name"]))) for s in self.shards}
         self.entries = {n: sorted({f.split("/", 1)[0] for f in fs}) for n, fs in self.files.items()}
-        self.small = [META_NAME, *_present(self.origin, DATASET_FILES[1:])]
+        self.small = [META_NAME, *_present(self.source, DATASET_FILES[1:])]
         if INDEX_NAME not in self.small:
             raise StagingError(
-                f"{self.origin / INDEX_NAME}: missing; a packed dataset cannot be read without "
-                "its index (packer verify)"
+                f"{self.source.where(INDEX_NAME)}: missing; a packed dataset cannot be read "
+                "without its index (packer verify)"
             )
         self.sizes: dict[str, dict[str, int]] = {}
         for n, fs in self.files.items():
             try:
-                self.sizes[n] = {rel: stat_inside(self.origin, rel).st_size for rel in fs}
+                self.sizes[n] = {rel: self.source.size(rel) for rel in fs}
             except (FileNotFoundError, NotADirectoryError) as exc:
                 raise StagingError(
-                    f"{exc.filename}: missing, though {META_NAME} lists its shard; is the "
+                    f"{exc.filename or exc}: missing, though {META_NAME} lists its shard; is the "
                     "dataset complete? (packer verify)"
                 ) from None
         self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
@@ -186,19 +174,20 @@ class Stager:
             for stale in self.cache.glob(f"{self.root.name}{TMP_MARK}*"):
                 remove(stale)
             tmp = self.cache / f"{self.root.name}{TMP_MARK}{os.getpid()}"
-            mode = _dir_mode(self.origin)
+            mode = self.source.dir_mode()
             for sub in ("", STAGING, f"{STAGING}/data", f"{STAGING}/shards"):
                 (tmp / sub).mkdir(mode)
             for name in self.small:
-                copy_checked(self.origin, name, tmp / name)
+                copy_checked(self.source, name, tmp / name)
             self._check_index(tmp)
             write_json_atomic(
                 tmp / STAGING / "origin.json",
-                {"path": str(self.origin), "generation": self.generation},
+                {"path": self.origin, "generation": self.generation},
             )
             for entries in self.entries.values():
-                for entry in entries:
-                    os.symlink(self.origin / entry, tmp / entry)
+                for entry in entries:  # a remote shard: dangling until it is copied
+                    target = self.source.link_target(entry)
+                    os.symlink(target or f"{STAGING}/data/{entry}", tmp / entry)
             fsync_dir(tmp)
             os.rename(tmp, self.root)
             fsync_dir(self.cache)
@@ -213,8 +202,8 @@ class Stager:
                 digest.update(block)
         if digest.hexdigest() != recorded:
             raise StagingError(
-                f"{self.origin / INDEX_NAME}: SHA-256 differs from {META_NAME}'s index_sha256; "
-                "the index changed after the build (packer verify)"
+                f"{self.source.where(INDEX_NAME)}: SHA-256 differs from {META_NAME}'s "
+                "index_sha256; the index changed after the build (packer verify)"
             )
 
     def _stage_shard(self, slot: ShardSlot, shard: dict[str, Any], result: StageResult) -> None:
@@ -238,7 +227,13 @@ class Stager:
             self._check_meta_size(name, shard, sizes)
             try:
                 evicted = cache.reserve(self.cache, slot, need, self.limit)
-            except cache.NoRoom:
+            except cache.NoRoom as exc:
+                if self.source.link_target(name) is None:
+                    raise StagingError(
+                        f"{self.origin}: shard {name} ({need} bytes) does not fit in "
+                        f"{self.cache} under the cache limit ({exc}), and a shard in object "
+                        "storage cannot be read in place; raise cache_limit (--limit)"
+                    ) from None
                 result.origin.append(name)
                 self._advance(need)
                 return
@@ -253,7 +248,7 @@ class Stager:
 
     def _copy(self, slot: ShardSlot) -> None:
         name = slot.name
-        before = {rel: _stat(self.origin, rel) for rel in self.sizes[name]}
+        before = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
         files: dict[str, dict[str, int]] = {}
         temporaries = []
         for entry in self.entries[name]:
@@ -261,15 +256,15 @@ class Stager:
             temporaries.append((tmp, slot.data / entry))
             inside = [rel for rel in self.files[name] if Path(rel).parts[0] == entry]
             if inside != [entry]:  # a directory (an LMDB environment): its named files only
-                tmp.mkdir(_dir_mode(self.origin / entry))
+                tmp.mkdir(self.source.dir_mode(entry))
                 for rel in inside:
                     inner = Path(*Path(rel).parts[1:])
                     (tmp / inner).parent.mkdir(parents=True, exist_ok=True)
-                    files[rel] = copy_checked(self.origin, rel, tmp / inner, self.progress)
+                    files[rel] = copy_checked(self.source, rel, tmp / inner, self.progress)
                 fsync_dir(tmp)
             else:
-                files[entry] = copy_checked(self.origin, entry, tmp, self.progress)
-        after = {rel: _stat(self.origin, rel) for rel in self.sizes[name]}
+                files[entry] = copy_checked(self.source, entry, tmp, self.progress)
+        after = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
         if after != before:
             raise StagingError(f"{self.origin}: shard {name} changed while it was copied")
         for tmp, final in temporaries:
@@ -295,7 +290,8 @@ class Stager:
         try:
             if manifest.get("entries") != self.entries[slot.name]:
                 return False
-            if manifest["origin"] != {rel: _stat(self.origin, rel) for rel in manifest["origin"]}:
+            stamps = {rel: self.source.stamp(rel) for rel in manifest["origin"]}
+            if manifest["origin"] != stamps:
                 return False
             for rel, record in manifest["files"].items():
                 copy = slot.data / rel

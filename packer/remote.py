@@ -1,0 +1,233 @@
+"""``packer build|verify|info`` with URLs: a local work directory on each side of the network.
+
+- SRC URL: its objects are listed and downloaded concurrently (`mirror_source`, 32 at a
+  time) into a local tree with the same relative paths, which the normal build reads: labels,
+  errors and the order are those of a local tree, because the tree is the same.
+- OUT URL: the normal build writes a local dataset in the work directory, then
+  `packer.publish.publish` uploads it, ``meta.json`` last. The work directory outlives a kill,
+  so ``--resume`` finds the finished local build (or its finished shards) and uploads only
+  what is missing; it is removed once the dataset is published.
+- verify: the dataset is staged into a temporary cache (checked, as readers stage it) and the
+  staged copy verified; info: only meta.json and the index are downloaded.
+
+The work directory is ``PACKER_WORK_DIR``, else ``~/.cache/packer/work``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from packer.errors import PackerError
+from packer.publish import UploadResult, publish, read_remote_meta
+from readers.files import DATASET_FILES
+from readers.formats.layout import META_NAME
+from readers.remote import filesystem, join_url
+
+MIRROR_WORKERS = 32
+
+
+class RemoteSourceError(PackerError):
+    """SRC in object storage could not be listed or downloaded."""
+
+
+def work_root() -> Path:
+    """Where builds to and from URLs keep their local files."""
+    explicit = os.environ.get("PACKER_WORK_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "packer" / "work"
+
+
+def _slot(kind: str, url: str) -> Path:
+    """A work directory of its own for `url` (the same one on every run)."""
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "root"
+    return work_root() / f"{kind}-{name}-{digest}"
+
+
+def mirror_source(
+    url: str,
+    dest: Path,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    workers: int = MIRROR_WORKERS,
+) -> int:
+    """Download every object under `url` into `dest` (made empty first); return the count.
+
+    Objects are listed once, then fetched `workers` at a time; each lands under its path
+    relative to `url` and must have the size the listing gave.
+
+    Raises:
+        RemoteSourceError: nothing under `url`, or an object failed to download.
+    """
+    fs, base = filesystem(url, storage_options)
+    try:
+        found = fs.find(base, detail=True)
+    except FileNotFoundError:
+        found = {}
+    objects = {
+        str(path): int(info.get("size", 0))
+        for path, info in found.items()
+        if info.get("type") != "directory" and not str(path).endswith("/")
+    }
+    if not objects:
+        raise RemoteSourceError(f"SRC {url}: no objects under that prefix")
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+
+    def fetch(path: str) -> None:
+        rel = path[len(base) :].lstrip("/")
+        target = dest / rel
+        if ".." in Path(rel).parts:
+            raise RemoteSourceError(f"{url}: object {rel!r} would land outside SRC")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            try:
+                data = fs.cat_file(path)
+                break
+            except (FileNotFoundError, PermissionError) as exc:
+                raise RemoteSourceError(f"{join_url(url, rel)}: cannot read ({exc})") from exc
+            except OSError as exc:
+                if attempt == 2:
+                    raise RemoteSourceError(
+                        f"{join_url(url, rel)}: download failed after 3 attempts ({exc}); "
+                        "run the build again"
+                    ) from exc
+        if len(data) != objects[path]:
+            raise RemoteSourceError(
+                f"{join_url(url, rel)}: read {len(data)} bytes, the listing says "
+                f"{objects[path]}; it changed during the build, run it again"
+            )
+        target.write_bytes(data)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+        for future in [pool.submit(fetch, p) for p in sorted(objects)]:
+            future.result()
+    return len(objects)
+
+
+def build_remote(
+    src: str,
+    out: str,
+    make_build: Callable[[Path, Path], Any],
+    *,
+    src_is_url: bool,
+    out_is_url: bool,
+    overwrite: bool,
+    resume: bool,
+    log: Callable[[str], None],
+) -> tuple[Any, UploadResult | None]:
+    """Run a build whose SRC or OUT (or both) is a URL.
+
+    Args:
+        src: SRC as given (a URL or a local path).
+        out: OUT as given.
+        make_build: runs the normal build from a local SRC into a local OUT and returns its
+            `BuildSummary`.
+        src_is_url: SRC is a URL (mirrored first).
+        out_is_url: OUT is a URL (built locally, then published).
+        overwrite: --overwrite.
+        resume: --resume.
+        log: progress lines.
+
+    Returns:
+        The build's summary and, for an OUT URL, what the upload did.
+    """
+    local_src = Path(src)
+    mirror = None
+    if out_is_url and not overwrite and not resume:
+        fs, base = filesystem(out)
+        if read_remote_meta(fs, base) is not None:
+            from packer.errors import OutputExistsError
+
+            raise OutputExistsError(out)
+    if src_is_url:
+        mirror = _slot("src", src) / (src.rstrip("/").rsplit("/", 1)[-1] or "src")
+        count = mirror_source(src, mirror)
+        log(f"downloaded {count} object(s) of {src}")
+        local_src = mirror
+    try:
+        if not out_is_url:
+            return make_build(local_src, Path(out)), None
+        work = _slot("out", out)
+        local_out = work / (out.rstrip("/").rsplit("/", 1)[-1] or "out")
+        if local_out.exists() and not resume:
+            shutil.rmtree(local_out)  # a build left by an earlier run: start over
+        work.mkdir(parents=True, exist_ok=True)
+        summary = make_build(local_src, local_out)
+        upload = publish(
+            local_out,
+            out,
+            overwrite=overwrite,
+            resume=resume,
+            source=src if src_is_url else None,
+            log=log,
+        )
+        shutil.rmtree(work, ignore_errors=True)
+        return summary, upload
+    finally:
+        if mirror is not None:
+            shutil.rmtree(mirror.parent, ignore_errors=True)
+
+
+def fetch_small_files(url: str, dest: Path) -> Path:
+    """Download meta.json and the index files of the dataset at `url` into `dest`.
+
+    Returns `dest`, laid out as a dataset directory without its shards.
+
+    Raises:
+        DatasetNotFoundError: no meta.json at `url`.
+    """
+    from readers.remote.dataset import RemoteDataset
+
+    remote = RemoteDataset(url)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / META_NAME).write_bytes(remote.meta_bytes)
+    for name in DATASET_FILES[1:]:
+        try:
+            data = remote.fs.cat_file(remote.object_path(name))
+        except FileNotFoundError:
+            continue
+        (dest / name).write_bytes(data)
+    return dest
+
+
+def describe_url(url: str) -> dict[str, Any]:
+    """`packer.info.describe` of the dataset at `url`, from its meta.json and index only."""
+    from packer.info import describe
+
+    with tempfile.TemporaryDirectory(prefix="packer-info-") as tmp:
+        root = fetch_small_files(url, Path(tmp) / "dataset")
+        summary = describe(root)
+    text = str(root)
+    summary["path"] = url
+    summary["meta_problems"] = [p.replace(text, url) for p in summary.get("meta_problems", [])]
+    return summary
+
+
+def verify_url(url: str, *, deep: bool) -> list[str]:
+    """`packer.verify.verify` of the dataset at `url`, staged into a temporary cache first.
+
+    Staging checks each shard's size against meta.json and the index's SHA-256; verify then
+    re-reads every record. Problems name the URL, not the temporary copy.
+    """
+    from packer.verify import verify
+    from readers.errors import ReaderError
+    from readers.staging import stage
+
+    with tempfile.TemporaryDirectory(prefix="packer-verify-") as tmp:
+        try:
+            root = stage(url, Path(tmp) / "cache", hold=False)
+        except ReaderError as exc:
+            return [str(exc)]
+        problems = verify(root, deep=deep)
+        return [p.replace(str(root), url) for p in problems]
