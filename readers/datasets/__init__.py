@@ -88,9 +88,9 @@ def open_remote_dataset(url: str, **kwargs: Any) -> ShardedDataset | None:
         DatasetNotFoundError: no meta.json at `url`.
         DatasetFormatError: meta.json is not usable, or names a format this version cannot read.
     """
-    from readers.remote.dataset import RemoteDataset
+    from readers.datasets.remote import open_published
 
-    meta = RemoteDataset(url, kwargs.get("storage_options")).meta
+    meta = open_published(url, kwargs.get("storage_options")).meta
     fmt = REGISTRY.get(str(meta.get("format")))
     if fmt is None:
         raise DatasetFormatError(f"{url}: format {meta.get('format')!r} is not readable here")

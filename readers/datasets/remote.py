@@ -22,7 +22,15 @@ from readers.index import DatasetIndex
 from readers.io.ranges import PIECE_BYTES, RangeCache, RemoteObjects, credentials_error
 from readers.remote.dataset import RemoteDataset
 
-__all__ = ["RemoteShards", "open_remote_index", "record_ends", "run_pieces"]
+__all__ = ["RemoteShards", "open_published", "open_remote_index", "record_ends", "run_pieces"]
+
+
+def open_published(url: str, storage_options: dict[str, Any] | None) -> RemoteDataset:
+    """`RemoteDataset` at `url`; a refused request says what to do about the credentials."""
+    try:
+        return RemoteDataset(url, storage_options)
+    except PermissionError as exc:
+        raise credentials_error(f"{url.rstrip('/')}/{META_NAME}", exc) from exc
 
 
 def open_remote_index(remote: RemoteDataset, fmt: ShardFormat) -> DatasetIndex:
@@ -62,7 +70,7 @@ class RemoteShards:
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None, fmt: ShardFormat):
-        remote = RemoteDataset(url, storage_options)
+        remote = open_published(url, storage_options)
         self.url = remote.url
         self.index = open_remote_index(remote, fmt)
         rels = [fmt.data_file(fmt.shard_path(Path(), name)) for name in self.index.shard_names]

@@ -1,11 +1,13 @@
 """RecordIODataset(url) and ShardStream(url) read by byte range from a real S3 API on loopback.
 
 The server is moto's standalone server (a subprocess); faults are injected by a proxy in front
-of it (`tests/readers/s3_faults.py`), never by mocking the client.
+of it (`tests/s3/fault_proxy.py`), never by mocking the client. The datasets are published by
+``packer build SRC s3://...`` (data under meta.json's ``data_prefix``).
 """
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,27 +16,26 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
+from typer.testing import CliRunner
 
-from readers.errors import DatasetFormatError, RecordError
+from packer.cli import app
+from readers.errors import RecordError
 from readers.io import ranges
 from readers.io.ranges import RemoteCredentialsError, RemoteObjectChangedError, RemoteReadError
+from readers.remote import DatasetNotFoundError
 from tests.conftest import build_packed, write_tree
-from tests.readers.s3_faults import FaultProxy, moto_server, s3_options
+from tests.s3.fault_proxy import FaultProxy, s3_options
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-
-BUCKET = "bucket"
+BUCKET = "ranges"
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    """A moto S3 server on loopback for this module, with an empty bucket."""
+def endpoint(s3_endpoint: str) -> str:
+    """The loopback S3 server (tests/s3/conftest.py), with this module's bucket."""
     import s3fs
 
-    with moto_server() as url:
-        s3fs.S3FileSystem(**s3_options(url)).mkdir(BUCKET)
-        yield url
+    s3fs.S3FileSystem(**s3_options(s3_endpoint)).mkdir(BUCKET)
+    return s3_endpoint
 
 
 @pytest.fixture
@@ -47,22 +48,36 @@ def proxy(endpoint: str) -> Iterator[FaultProxy]:
 
 @pytest.fixture(scope="module")
 def uploaded(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A packed RecordIO dataset (2-3 shards, 40 images) on disk and uploaded: (dir, url)."""
-    import s3fs
-
+    """A RecordIO dataset (2-3 shards, 40 images) built locally and published: (dir, url)."""
     tmp = tmp_path_factory.mktemp("remote")
     files = write_tree(tmp / "src", {"a": 15, "b": 15, "c": 10}, seed=3)
-    size = sum(len(b) for b in files.values()) // 2 + 1
-    out = build_packed(tmp / "src", tmp / "out", "recordio", shard_size=size)
-    upload(s3fs.S3FileSystem(**s3_options(endpoint)), out, f"{BUCKET}/ds")
-    return out, f"s3://{BUCKET}/ds"
+    size = str(sum(len(b) for b in files.values()) // 2 + 1)
+    out = build_packed(tmp / "src", tmp / "out", "recordio", shard_size=int(size))
+    url = f"s3://{BUCKET}/ds"
+    publish(tmp / "src", url, "--shard-size", size)
+    return out, url
+
+
+def publish(src: Path, url: str, *options: str) -> None:
+    """``packer build SRC URL --format recordio``: the data first, meta.json last."""
+    result = CliRunner().invoke(
+        app, ["build", str(src), url, "--format", "recordio", "--workers", "1", *options]
+    )
+    assert result.exit_code == 0, result.output
 
 
 def upload(fs: Any, local: Path, prefix: str) -> None:
-    """Upload a dataset directory, meta.json last."""
+    """Copy a dataset directory by hand, meta.json last (no data_prefix)."""
     files = sorted(p for p in local.iterdir() if p.is_file())
     for p in sorted(files, key=lambda p: p.name == "meta.json"):
         fs.pipe_file(f"{prefix}/{p.name}", p.read_bytes())
+
+
+def ds_meta(endpoint: str, url: str) -> bytes:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options(endpoint))
+    return bytes(fs.cat_file(url.removeprefix("s3://") + "/meta.json"))
 
 
 def local_items(out: Path) -> list[tuple[bytes, Any]]:
@@ -94,7 +109,8 @@ def test_dataset_reads_by_range_equal_to_local(uploaded: tuple[Path, str], endpo
     assert ds.url == url
     assert len(ds) == 40
     assert [ds[i] for i in range(len(ds))] == local_items(out)
-    assert ds._shard_paths[1] == f"{url}/shard-00001.rec"
+    prefix = ds._remote.url + "/" + json.loads(ds_meta(endpoint, url))["data_prefix"]
+    assert ds._shard_paths[1] == f"{prefix}/shard-00001.rec"
 
 
 def test_prefetch_coalesces_a_chunk_into_one_get(uploaded: tuple[Path, str], endpoint: str) -> None:
@@ -123,22 +139,11 @@ def test_dataloader_workers_read_by_range(uploaded: tuple[Path, str], endpoint: 
     assert all(np.array_equal(a, local[i][0]) for i, a in enumerate(images))
 
 
-def test_shard_stream_reads_by_range(
-    uploaded: tuple[Path, str], endpoint: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import s3fs
-
+def test_shard_stream_reads_by_range(uploaded: tuple[Path, str], endpoint: str) -> None:
+    """``ShardStream(url)``: credentials and endpoint from the AWS variables, no local copy."""
     from readers import ShardStream
 
     out, url = uploaded
-    for name, value in (
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-        ("AWS_ENDPOINT_URL", endpoint),
-    ):
-        monkeypatch.setenv(name, value)
-    s3fs.S3FileSystem.clear_instance_cache()
     remote = list(ShardStream(url, decode="bytes", chunk_size=8, shuffle_buffer=8, seed=1))
     local = list(ShardStream(out, decode="bytes", chunk_size=8, shuffle_buffer=8, seed=1))
     assert remote == local
@@ -150,22 +155,32 @@ def test_no_meta_json_is_no_dataset(endpoint: str) -> None:
 
     fs = s3fs.S3FileSystem(**s3_options(endpoint))
     fs.pipe_file(f"{BUCKET}/half/shard-00000.rec", b"x" * 64)
-    with pytest.raises(DatasetFormatError, match=r"s3://bucket/half: no meta.json.*publish it"):
+    with pytest.raises(DatasetNotFoundError, match=rf"s3://{BUCKET}/half: no dataset there"):
         open_remote(f"s3://{BUCKET}/half", endpoint)
 
 
-def test_lmdb_in_object_storage_needs_cache_dir(
-    tree: tuple[Path, dict[str, bytes]], tmp_path: Path, endpoint: str
+def test_cache_dir_stages_a_recordio_url_instead(
+    uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
-    import s3fs
+    from readers import RecordIODataset, open_dataset
 
-    from readers import LmdbDataset
+    out, url = uploaded
+    for ds in (
+        RecordIODataset(url, decode="bytes", cache_dir=tmp_path / "c"),
+        open_dataset(url, decode="bytes", cache_dir=tmp_path / "c"),
+    ):
+        assert ds.url is None
+        assert str(ds.root).startswith(str(tmp_path / "c"))
+        assert [ds[i] for i in range(len(ds))] == local_items(out)
 
-    out = build_packed(tree[0], tmp_path / "lmdb", "lmdb")
-    fs = s3fs.S3FileSystem(**s3_options(endpoint))
-    fs.pipe_file(f"{BUCKET}/lmdb/meta.json", (out / "meta.json").read_bytes())
-    with pytest.raises(DatasetFormatError, match="pass cache_dir="):
-        LmdbDataset(f"s3://{BUCKET}/lmdb", storage_options=s3_options(endpoint))
+
+def test_open_dataset_reads_recordio_in_place(uploaded: tuple[Path, str]) -> None:
+    from readers import open_dataset
+
+    out, url = uploaded
+    ds = open_dataset(url, decode="bytes")
+    assert ds.url == url
+    assert [ds[i] for i in range(len(ds))] == local_items(out)
 
 
 # --- faults -----------------------------------------------------------------------------------
@@ -193,7 +208,7 @@ def test_retries_are_bounded_and_name_the_object(
     _, url = uploaded
     ds = open_remote(url, proxy.url)
     proxy.arm("truncate", count=1000)
-    with pytest.raises(RemoteReadError, match=rf"{url}/shard-00000.rec: bytes .* in 4 attempts"):
+    with pytest.raises(RemoteReadError, match=rf"{url}/.*shard-00000.rec: bytes .* in 4 attempts"):
         ds[1]
     assert proxy.requests == ranges.ATTEMPTS
 
@@ -237,7 +252,7 @@ def test_altered_bytes_fail_the_crc_and_name_the_object(
     _, url = uploaded
     ds = open_remote(url, proxy.url, on_error="raise")
     proxy.arm("alter", count=1000)
-    with pytest.raises(RecordError, match=rf"{url}/shard-00000.rec .*sample 2.*re-upload"):
+    with pytest.raises(RecordError, match=rf"{url}/.*shard-00000.rec .*sample 2.*re-upload"):
         ds[2]
 
 

@@ -1,4 +1,4 @@
-"""A moto S3 server on loopback, and a small HTTP proxy in front of it that injects faults.
+"""A small HTTP proxy in front of the loopback S3 server (moto) that injects faults.
 
 The proxy forwards every request to the server and, for GETs of objects whose key holds
 `FaultProxy.match`, applies the armed fault `count` times: ``drop`` (the connection closes
@@ -10,14 +10,8 @@ ExpiredToken).
 from __future__ import annotations
 
 import http.client
-import os
 import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,38 +19,6 @@ _ERROR = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
     "<Message>{message}</Message></Error>"
 )
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """Run ``python -m moto.server`` on a free loopback port; yield its endpoint URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 class FaultProxy:
@@ -158,14 +120,5 @@ class FaultProxy:
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
-    """fsspec storage options for the loopback server at `endpoint`."""
-    return {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": endpoint},
-        "skip_instance_cache": True,
-    }
-
-
-os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    """fsspec storage options that send the requests to `endpoint` (the proxy)."""
+    return {"client_kwargs": {"endpoint_url": endpoint}, "skip_instance_cache": True}
