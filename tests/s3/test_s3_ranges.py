@@ -276,3 +276,40 @@ def test_changed_object_says_reopen(endpoint: str, tmp_path: Path) -> None:
     fs.pipe_file(f"{BUCKET}/changing/shard-00000.rec", rec[: len(rec) // 2])  # cut short
     with pytest.raises(RemoteObjectChangedError, match=r"size \d+ -> \d+.*reopen the dataset"):
         ds[len(ds) - 1]
+
+
+# --- faults while staging a whole copy (readers.staging, cache_dir=) ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "count", "error"),
+    [
+        ("drop", 2, None),
+        ("slowdown", 2, None),
+        ("truncate", 1, r"/.*shard-00000.rec: the bytes received do not match.*stage again"),
+        ("alter", 1, r"/.*shard-00000.rec: the bytes received do not match.*re-upload"),
+        ("expired", 1000, r"/.*shard-00000.rec: .*refresh AWS credentials"),
+    ],
+)
+def test_staging_faults(
+    uploaded: tuple[Path, str],
+    proxy: FaultProxy,
+    tmp_path: Path,
+    mode: str,
+    count: int,
+    error: str | None,
+) -> None:
+    """A staged copy: retried by the client, or an error naming the object; never wrong bytes."""
+    from readers import RecordIODataset
+
+    out, url = uploaded
+    proxy.arm(mode, count=count)
+    options = {"cache_dir": tmp_path / "c", "storage_options": s3_options(proxy.url)}
+    if error is None:
+        ds = RecordIODataset(url, decode="bytes", **options)
+        assert [ds[i] for i in range(len(ds))] == local_items(out)
+        assert proxy.injected == count
+        return
+    with pytest.raises(Exception, match=url + error) as caught:
+        RecordIODataset(url, decode="bytes", **options)
+    assert caught.type.__name__ in ("StagingError", "RemoteCredentialsError")
