@@ -30,6 +30,9 @@ from readers.formats.recordio import (
 from readers.index import DatasetIndex
 from readers.io import handles
 
+RUNS_AHEAD = 8
+"""Runs (chunks, about 1 MB each by default) a stream announces ahead of a ranged read."""
+
 
 def _int_labels(values: list[Any]) -> np.ndarray | None:
     """The labels as int64 when every one is a single integral number, else None."""
@@ -203,6 +206,11 @@ class RecordIODataset(ShardedDataset):
             self._ends = record_ends(self.offsets, self.shard_bounds, remote.sizes)
         except DatasetFormatError as exc:
             raise DatasetFormatError(f"{url}: {exc}") from None
+
+    @property
+    def prefetch_runs(self) -> int:
+        """How many runs `ShardStream` announces ahead: more GETs in flight for object storage."""
+        return RUNS_AHEAD if self._remote is not None else 1
 
     def prefetch(self, start: int, stop: int) -> None:
         """Read ahead samples ``start..stop-1``: page-cache hints, or ranged GETs in the back.
