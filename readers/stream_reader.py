@@ -169,7 +169,8 @@ class RunReader:
 
     A run is a stretch of consecutive ascending ids inside one chunk (``sequential_runs``):
     :meth:`enter_run` announces ids ``[start, stop)`` to ``dataset.prefetch`` (when the
-    dataset has one) one run ahead of the reads, so that the next run's bytes are on their
+    dataset has one) one run ahead of the reads (``dataset.prefetch_runs`` runs ahead when the
+    dataset has that attribute), so that the next run's bytes are on their
     way while this run's samples are decoded (a packed dataset leaves the reads inside the
     announced runs to these hints, `readers.readahead.Readahead`).
     """
@@ -182,19 +183,27 @@ class RunReader:
         self._run, self._run_last = sequential_runs(ids, chunk_lo)
         self._current = -1
         self._announced = -1  # the last run passed to enter_run
+        # how many runs to announce ahead: 1 for a disk; more where a request has a latency
+        # to hide (a dataset in object storage: `RecordIODataset.prefetch_runs`)
+        self._runs_ahead = max(1, int(getattr(dataset, "prefetch_runs", 1)))
 
     def read(self, p: int) -> Any:
         """The dataset's item at position ``p`` of ``ids``."""
         run = int(self._run[p])
         if run != self._current:
             self._current = run
-            if self._announced != run:
+            if run > self._announced:  # runs are numbered in position order
                 self.enter_run(int(self.ids[p]), int(self.ids[self._run_last[run]]) + 1)
             after = int(self._run_last[run]) + 1  # the next run starts at the next position
-            if after < self.ids.size:
-                last = int(self._run_last[int(self._run[after])])
-                self.enter_run(int(self.ids[after]), int(self.ids[last]) + 1)
-                self._announced = int(self._run[after])
+            for _ in range(self._runs_ahead):
+                if after >= self.ids.size:
+                    break
+                following = int(self._run[after])
+                last = int(self._run_last[following])
+                if following > self._announced:
+                    self.enter_run(int(self.ids[after]), int(self.ids[last]) + 1)
+                    self._announced = following
+                after = last + 1
         return self.dataset[int(self.ids[p])]
 
     def enter_run(self, start: int, stop: int) -> None:

@@ -19,7 +19,7 @@ from readers.io.identity import meta_stamp, read_meta_once
 from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 
-__all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset"]
+__all__ = ["ON_ERROR", "ShardedDataset", "json_format", "open_dataset", "open_remote_dataset"]
 
 
 def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
@@ -33,13 +33,18 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     ``on_error``, ``cache_dir``, ...).
 
     A URL (``s3://bucket/out.lmdb``) is staged first (``cache_dir=``, ``cache_limit=``,
-    ``storage_options=``; see `ShardedDataset`), then the staged copy is opened.
+    ``storage_options=``; see `ShardedDataset`), then the staged copy is opened; a RecordIO
+    dataset without ``cache_dir=`` is read in place by byte range (`open_remote_dataset`).
 
     Raises:
         DatasetFormatError: `path` is none of these; the message says what was found.
         DatasetNotFoundError: `path` is a URL without meta.json (no dataset, or an
             unfinished upload).
     """
+    if is_url(path) and kwargs.get("cache_dir") is None:
+        in_place = open_remote_dataset(str(path), **kwargs)
+        if in_place is not None:
+            return in_place
     if is_url(path):
         staged = stage(
             path,
@@ -74,6 +79,27 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     else:
         found = "nothing at that path"
     raise DatasetFormatError(f"{root}: not a dataset packer can open: {expected}; found {found}")
+
+
+def open_remote_dataset(url: str, **kwargs: Any) -> ShardedDataset | None:
+    """Open the dataset at `url` in place, by byte range, when its format reads that way.
+
+    Returns None for a format that must be staged (LMDB).
+
+    Raises:
+        DatasetNotFoundError: no meta.json at `url`.
+        DatasetFormatError: meta.json is not usable, or names a format this version cannot read.
+    """
+    from readers.datasets.remote import open_published
+
+    meta = open_published(url, kwargs.get("storage_options")).meta
+    fmt = REGISTRY.get(str(meta.get("format")))
+    if fmt is None:
+        raise DatasetFormatError(f"{url}: format {meta.get('format')!r} is not readable here")
+    cls = fmt.dataset_class()
+    if not getattr(cls, "reads_ranges", False):
+        return None
+    return cls(url, **kwargs)  # type: ignore[no-any-return]
 
 
 def json_format(root: Path) -> str:

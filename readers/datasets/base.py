@@ -123,6 +123,18 @@ def take_sizes(index: DatasetIndex) -> DraftSizes:
     return sizes
 
 
+def load_draft_sizes(root: Path, index: DatasetIndex) -> DraftSizes:
+    """Load the sizes ``draft=`` needs from the index of `root`, once it is open without them.
+
+    Raises:
+        DatasetRebuiltError: the index changed since `index` was loaded.
+    """
+    sized = load_index(root, extra=SIZE_COLUMNS, meta=index.meta)
+    if len(sized) != len(index):
+        raise DatasetRebuiltError.of(str(root), "the index changed")
+    return take_sizes(sized)
+
+
 class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     """A map-style Dataset over the shards of one format: ``ds[i] -> (image, label)``.
 
@@ -134,26 +146,20 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     Args:
         path: the dataset directory written by ``packer build``, or a bare copy of the format,
             or the URL of a dataset published in object storage (``s3://bucket/out.lmdb``).
-        transform: applied to the decoded image. A transform that plans before decoding
-            (``plan`` and ``apply``, `readers.transforms.DecodePlanner`, such as
-            `readers.transforms.RandomResizedCropDraft`) is given each JPEG's size from the
-            index first and the JPEG is decoded at the reduction it chose.
+        transform: applied to the decoded image; a `readers.transforms.DecodePlanner` plans
+            each JPEG's decode from the index first.
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
         draft: ``S`` (shorter side) or ``(H, W)``: JPEGs decode at the largest DCT reduction
             that keeps them at least that large, chosen from the index (`readers.draft`).
         verify_crc: check each record's CRC-32 against the index on read.
-        on_error: ``raise`` (default): a sample that cannot be read, decoded or checked
-            raises `RecordError`; ``skip``: it is replaced by the next readable sample in id
-            order (wrapping), counted in ``skipped``, with one warning per process. Damage to
-            the dataset's structure (a missing or cut shard), a rebuild of the dataset since
-            it was opened (`DatasetRebuiltError`) and the OS running out of files or memory
-            (``OSError`` EMFILE, ENFILE, ENOMEM) always raise.
-        cache_dir: copy the shards once per machine into this local directory (/dev/shm,
-            a local SSD) and read them there (see `readers.staging.stage`).
+        on_error: ``raise`` (default): a bad sample raises `RecordError`; ``skip``: the next
+            readable one in id order replaces it (counted in ``skipped``). Structural damage,
+            `DatasetRebuiltError` and EMFILE/ENFILE/ENOMEM always raise.
+        cache_dir: read a once-per-machine copy in this local directory (`readers.staging`).
         cache_limit: the most bytes `cache_dir` may hold (``"20GiB"``; LRU eviction).
-        storage_options: for a URL `path` (always staged, by default into
-            `readers.remote.default_cache_dir`): its fsspec filesystem's keyword arguments.
+        storage_options: for a URL `path`, its fsspec filesystem's keyword arguments. Without
+            `cache_dir`, RecordIO reads objects by range; others stage to the default cache.
 
     Raises:
         DatasetFormatError: the path is not a dataset of this format, or its files disagree.
@@ -161,6 +167,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     shard_format: ClassVar[ShardFormat]
     format: ClassVar[str]
+    reads_ranges: ClassVar[bool] = False
+    """Whether a URL without ``cache_dir`` is read in place by byte range (`_open_remote`)."""
 
     def __init__(
         self,
@@ -177,12 +185,15 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     ) -> None:
         check_mode(decode)
         self.draft = check_draft(draft)
-        if is_url(path):  # object storage: always read a node-local copy
+        remote = is_url(path) and cache_dir is None and self.reads_ranges
+        if is_url(path) and not remote:  # object storage: read a node-local copy
             cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         if cache_dir is not None:  # read a node-local copy (readers.staging)
             path = stage(path, cache_dir, cache_limit=cache_limit, storage_options=storage_options)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+        self.url: str | None = str(path) if remote else None
+        """The dataset's URL when it is read from object storage without a local copy."""
         self.root = Path(path)
         self.transform = transform
         self.decode = decode
@@ -202,7 +213,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         self.identity: DatasetIdentity | None = None
         """The build opened (packed datasets): shards opened later are checked against it."""
         self._ahead = Readahead()  # hints ahead of (nearly) increasing reads, per process
-        if (self.root / META_NAME).exists():
+        if remote:
+            self._open_remote(str(path), storage_options)
+        elif (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
         else:
             self._open_bare()
@@ -235,6 +248,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     def _open_bare(self) -> None:
         raise NotImplementedError
 
+    def _open_remote(self, url: str, storage_options: dict[str, Any] | None) -> None:
+        """Open a dataset in object storage in place (formats with ``reads_ranges``)."""
+        raise NotImplementedError
+
     # --- decoding --------------------------------------------------------------------------
 
     def _needs_sizes(self) -> bool:
@@ -242,15 +259,9 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         return self.draft is not None or is_planner(self.transform)
 
     def draft_sizes(self) -> DraftSizes | None:
-        """Return, per sample, JPEG or not and stored size (for ``draft=``); None: no index.
-
-        Loaded with the index when opened with a draft or a planned transform, else once.
-        """
+        """Return, per sample, JPEG or not and stored size (for ``draft=``); None: no index."""
         if self._sizes is None and self.index is not None:
-            index = load_index(self.root, extra=SIZE_COLUMNS, meta=self.index.meta)
-            if len(index) != len(self.index):
-                raise DatasetRebuiltError.of(str(self.root), "the index changed")
-            self._sizes = take_sizes(index)
+            self._sizes = load_draft_sizes(self.root, self.index)
         return self._sizes
 
     def decode_stored(

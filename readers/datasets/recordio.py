@@ -5,12 +5,14 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from readers.datasets.base import ShardedDataset
+from readers.datasets.remote import RemoteShards, record_ends, run_pieces
 from readers.errors import DatasetFormatError, RecordError
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.formats.recordio import (
@@ -30,6 +32,9 @@ from readers.formats.recordio.bare import (
 )
 from readers.index import DatasetIndex
 from readers.io import handles
+
+RUNS_AHEAD = 8
+"""Runs (chunks, about 1 MB each by default) a stream announces ahead of a ranged read."""
 
 
 def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> None:
@@ -109,6 +114,7 @@ class RecordIODataset(ShardedDataset):
     """
 
     shard_format = FORMAT
+    reads_ranges = True
     format = FORMAT.name
 
     keys: np.ndarray | None = None
@@ -131,6 +137,76 @@ class RecordIODataset(ShardedDataset):
         for shard, path in enumerate(self._shard_paths):
             lo, hi = int(self.shard_bounds[shard]), int(self.shard_bounds[shard + 1])
             check_packed_shard(path, self.offsets[lo:hi], lo, shard)
+
+    _remote: RemoteShards | None = None
+    _ends: np.ndarray | None = None
+
+    def _open_remote(self, url: str, storage_options: dict[str, Any] | None) -> None:
+        """Open a packed dataset in object storage: the index fetched, records read by range."""
+        self._remote = remote = RemoteShards(url, storage_options, FORMAT)
+        self.index = index = remote.index
+        self._raw_dims = index.raw_dims()
+        self.shard_bounds = index.shard_bounds
+        if index.offset is None or (len(index.offset) and int(index.offset.min()) < 0):
+            raise DatasetFormatError(f"{url}: {INDEX_NAME} lacks the 'offset' of some records")
+        self.offsets = index.offset
+        self._shard_paths = remote.shard_urls
+        try:
+            self._ends = record_ends(self.offsets, self.shard_bounds, remote.sizes)
+        except DatasetFormatError as exc:
+            raise DatasetFormatError(f"{url}: {exc}") from None
+
+    @property
+    def prefetch_runs(self) -> int:
+        """How many runs `ShardStream` announces ahead: more GETs in flight for object storage."""
+        return RUNS_AHEAD if self._remote is not None else 1
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Read ahead samples ``start..stop-1``: page-cache hints, or ranged GETs in the back.
+
+        For a dataset in object storage the records of each shard are fetched in a few large
+        ranged GETs (`readers.datasets.remote.run_pieces`) on this process's thread pool and
+        kept for the reads that follow (`readers.io.ranges.RangeCache`).
+        """
+        if self._remote is None or self._ends is None:
+            super().prefetch(start, stop)
+            return
+        self._ahead.covered(start, stop)
+        start, stop = max(0, int(start)), min(len(self), int(stop))
+        if start >= stop:
+            return
+        bounds = self.shard_bounds
+        first = int(np.searchsorted(bounds, start, side="right")) - 1
+        last = int(np.searchsorted(bounds, stop - 1, side="right")) - 1
+        ranges: list[tuple[int, int, int]] = []
+        for shard in range(first, last + 1):
+            lo, hi = max(start, int(bounds[shard])), min(stop, int(bounds[shard + 1]))
+            pieces = run_pieces(self.offsets[lo:hi], self._ends[lo:hi])
+            ranges.extend((shard, b, e) for b, e in pieces)
+        self._remote.cache.prefetch(ranges)
+
+    def _record(self, i: int, shard: int) -> tuple[Any, int]:
+        """A buffer holding sample `i`'s record and the record's offset in it."""
+        if self._remote is None or self._ends is None:
+            return self._handle(shard), int(self.offsets[i])
+        begin, end = int(self.offsets[i]), int(self._ends[i])
+        return self._remote.cache.read(shard, begin, end), 0
+
+    def _check_remote(self, i: int, shard: int, image: Any, problem: str | None) -> None:
+        """Check a record read by range against the index; name the object on a mismatch."""
+        if problem is None and self.index is not None:
+            if len(image) != int(self.index.nbytes[i]):
+                problem = f"{len(image)} image bytes, the index says {int(self.index.nbytes[i])}"
+            elif (crc := zlib.crc32(image)) != int(self.index.crc32[i]):
+                problem = f"CRC-32 {crc:08x}, the index says {int(self.index.crc32[i]):08x}"
+        if problem is None or self._remote is None:
+            return
+        why = f"sample {i} at offset {int(self.offsets[i])}: {problem}"
+        self._remote.objects.check_unchanged(shard, why)  # raises when the object changed
+        raise RecordError(
+            f"{self._where(i, shard)}: {problem}, though the object is the one opened (same "
+            "size and ETag): it does not match its index; re-upload the dataset"
+        )
 
     def _open_bare(self) -> None:
         pair = FORMAT.find_bare(self.root)
@@ -190,15 +266,19 @@ class RecordIODataset(ShardedDataset):
 
     def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
         try:
-            payload, _ = read_record_at(self._handle(shard), int(self.offsets[i]))
+            payload, _ = read_record_at(*self._record(i, shard))
             header, header_label, image = unpack_image_record(payload)
         except RecordIOError as exc:
+            self._check_remote(i, shard, b"", str(exc))
             raise RecordError(f"{self._where(i, shard)}: {exc}") from exc
         except OSError as exc:
             if handles.is_resource_error(exc):
                 raise
             raise RecordError(f"{self._where(i, shard)}: read failed ({exc})") from exc
         if self.index is not None:
+            if self._remote is not None:  # every remote record is checked: never wrong bytes
+                problem = None if header.id == i else f"the header's id is {header.id}"
+                self._check_remote(i, shard, image, problem)
             if header.id != i:
                 raise RecordError(
                     f"{self._where(i, shard)}: the record's header id is {header.id}; the index "

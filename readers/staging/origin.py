@@ -120,7 +120,20 @@ class RemoteOrigin:
         except FileNotFoundError:
             raise self.gone(rel) from None
         with f:
-            yield f, 0o600
+            try:
+                yield f, 0o600
+            except PermissionError as exc:
+                from readers.io.ranges import credentials_error
+
+                raise credentials_error(self.where(rel), exc) from exc
+            except Exception as exc:
+                if "checksum" not in str(exc).lower():
+                    raise
+                raise StagingError(
+                    f"{self.where(rel)}: the bytes received do not match the object's checksum "
+                    f"({exc}); stage again (a transfer error), and if it persists re-upload "
+                    "the object"
+                ) from exc
 
     def gone(self, rel: str) -> StagingError:
         """The error for an object that meta.json names but that is no longer there."""
