@@ -201,9 +201,21 @@ class Stager:
             while block := f.read(1 << 22):
                 digest.update(block)
         if digest.hexdigest() != recorded:
+            self._check_unchanged(INDEX_NAME)
             raise StagingError(
                 f"{self.source.where(INDEX_NAME)}: SHA-256 differs from {META_NAME}'s "
                 "index_sha256; the index changed after the build (packer verify)"
+            )
+
+    def _check_unchanged(self, what: str) -> None:
+        """Raise `StagingError` when the origin's meta.json is no longer the one staging read.
+
+        Staging is pinned to the build it opened: a rebuild meanwhile would mix two builds.
+        """
+        if self.source.read_meta() != self.meta_bytes:
+            raise StagingError(
+                f"{self.origin} was rebuilt after staging began (its {META_NAME} changed), so "
+                f"{what} may be of the new build; stage it again"
             )
 
     def _stage_shard(self, slot: ShardSlot, shard: dict[str, Any], result: StageResult) -> None:
@@ -264,6 +276,7 @@ class Stager:
                 fsync_dir(tmp)
             else:
                 files[entry] = copy_checked(self.source, entry, tmp, self.progress)
+        self._check_unchanged(f"shard {name}")  # a rebuild first: the likelier cause
         after = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
         if after != before:
             raise StagingError(f"{self.origin}: shard {name} changed while it was copied")

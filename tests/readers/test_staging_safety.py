@@ -233,3 +233,43 @@ def test_an_older_generation_in_use_is_kept_until_released(tmp_path: Path) -> No
     third = Stager(out, cache, hold=False).run()
     assert third.superseded == [first.root.name]
     assert _staged(cache) == [second.root.name]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_staging_is_pinned_to_the_build_it_opened(tmp_path: Path, fmt: str) -> None:
+    out = packed(tmp_path, fmt)
+    stager = Stager(out, tmp_path / "cache")  # reads meta.json now
+    src = tmp_path / "src-other"
+    from tests.conftest import write_tree
+
+    write_tree(src, {"a": 12, "b": 12}, seed=5)
+    build(BuildConfig(src=src, out=out, format=fmt, overwrite=True))  # a rebuild meanwhile
+    with pytest.raises(StagingError, match="rebuilt after staging began"):
+        stager.run()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rebuild_between_shard_copies_is_refused(
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import readers.staging.stager as stager_module
+    from tests.conftest import write_tree
+
+    out = packed(tmp_path, fmt)
+    src = tmp_path / "src-other"
+    write_tree(src, {"a": 12, "b": 12}, seed=5)
+    real_copy = stager_module.copy_checked
+    shard_names = {s["name"] for s in json.loads((out / META_NAME).read_text())["shards"]}
+    rebuilt: list[bool] = []
+
+    def copy_then_rebuild(origin: object, rel: str, *args: object) -> object:
+        found = real_copy(origin, rel, *args)  # type: ignore[arg-type]
+        if rel.split("/")[0].split(".")[0] in shard_names and not rebuilt:
+            rebuilt.append(True)  # the first shard is copied: OUT is rebuilt under staging
+            build(BuildConfig(src=src, out=out, format=fmt, overwrite=True))
+        return found
+
+    monkeypatch.setattr(stager_module, "copy_checked", copy_then_rebuild)
+    with pytest.raises(StagingError, match=r"rebuilt after staging began .* shard shard-00000"):
+        Stager(out, tmp_path / "cache").run()
+    assert rebuilt
