@@ -39,10 +39,11 @@ from packer.plan import (
 )
 from packer.problems import Problem
 from packer.records import Record
+from packer.task import start_part
 from packer.writers.merge import merge_parts
-from packer.writers.part import ShardPart, part_paths, read_done
+from packer.writers.part import read_done
 from readers.durable import write_durably
-from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME, shard_name
+from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
 from readers.index import fingerprint
 from readers.meta import make_meta
 
@@ -180,13 +181,7 @@ def _write_shards(
                 bar.update(shard.stop - shard.start)
                 first_id += int(done["count"])
                 continue
-            part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)
-            for path in shard_cls.paths(tmp / shard_name(shard.number)):
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-            part = ShardPart(tmp, shard.number, shard_cls, first_id=first_id)
+            part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
             try:
                 problems: list[Problem] = []
                 count = 0

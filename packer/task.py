@@ -59,13 +59,7 @@ def write_shard(
         InputError: an input is bad and ``settings.on_error`` is ``fail``.
     """
     shard_cls = FORMATS[settings.format].writer
-    part_paths(tmp, shard.number)["done"].unlink(missing_ok=True)  # unfinished from here on
-    for path in shard_cls.paths(tmp / shard_name(shard.number)):
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    part = ShardPart(tmp, shard.number, shard_cls, first_id=first_id)
+    part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
     try:
         problems: list[Problem] = []
         for entry in entries:
@@ -88,6 +82,17 @@ def write_shard(
     except BaseException:
         part.abort()
         raise
+
+
+def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int) -> ShardPart:
+    """Remove what an unfinished earlier write of shard `number` left in `tmp`; open its part."""
+    part_paths(tmp, number)["done"].unlink(missing_ok=True)  # unfinished from here on
+    for path in shard_cls.paths(tmp / shard_name(number)):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    return ShardPart(tmp, number, shard_cls, first_id=first_id)
 
 
 def run_shard(
