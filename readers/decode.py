@@ -25,20 +25,38 @@ _SCALE_BITS = {  # IMREAD_REDUCED_GRAYSCALE_s is the scale's bits alone
     4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
     8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
 }
-_REDUCED_FLAGS = {
-    # (mode, scale) -> OpenCV flags decoding a JPEG at 1/scale (libjpeg's DCT scaling). With
-    # these OpenCV applies the EXIF orientation as with IMREAD_COLOR / IMREAD_GRAYSCALE.
-    # IMREAD_UNCHANGED has no reduced form; on a JPEG it is ANYCOLOR | ANYDEPTH without the
-    # orientation (the stored grid, channels as stored), which the scale bits combine with.
-    (mode, scale): bits | base
-    for scale, bits in _SCALE_BITS.items()
-    for mode, base in (
-        ("rgb", cv2.IMREAD_COLOR),
-        ("bgr", cv2.IMREAD_COLOR),
-        ("gray", cv2.IMREAD_GRAYSCALE),
-        ("unchanged", cv2.IMREAD_ANYCOLOR | cv2.IMREAD_ANYDEPTH | cv2.IMREAD_IGNORE_ORIENTATION),
-    )
-}
+RGB_DIRECT: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+"""OpenCV's flag (4.11 and later) to have libjpeg write RGB itself, or None where it lacks it.
+
+Reduced decodes (``draft=``, planned crops) use it: the pixels are those of a BGR decode
+converted, without the conversion's pass over the image. Full-size decodes keep the BGR
+decode and ``cvtColor``, as before.
+"""
+
+
+def reduced_flags(rgb_direct: int | None) -> dict[tuple[str, int], tuple[int, bool]]:
+    """Return ``(mode, scale) -> (OpenCV flags, convert BGR to RGB after)`` for a reduced decode.
+
+    The flags decode a JPEG at 1/scale (libjpeg's DCT scaling); with them OpenCV applies the
+    EXIF orientation as with IMREAD_COLOR / IMREAD_GRAYSCALE. IMREAD_UNCHANGED has no reduced
+    form; on a JPEG it is ANYCOLOR | ANYDEPTH without the orientation (the stored grid,
+    channels as stored), which the scale bits combine with. ``rgb`` decodes to RGB directly
+    with `rgb_direct` (`RGB_DIRECT`), else to BGR then converted.
+    """
+    unchanged = cv2.IMREAD_ANYCOLOR | cv2.IMREAD_ANYDEPTH | cv2.IMREAD_IGNORE_ORIENTATION
+    table = {}
+    for scale, bits in _SCALE_BITS.items():
+        table["bgr", scale] = (bits | cv2.IMREAD_COLOR, False)
+        table["gray", scale] = (bits | cv2.IMREAD_GRAYSCALE, False)
+        table["unchanged", scale] = (bits | unchanged, False)
+        if rgb_direct is None:
+            table["rgb", scale] = (bits | cv2.IMREAD_COLOR, True)
+        else:
+            table["rgb", scale] = (bits | rgb_direct, False)
+    return table
+
+
+_REDUCED_FLAGS = reduced_flags(RGB_DIRECT)
 
 
 def check_mode(mode: str) -> None:
@@ -105,9 +123,9 @@ def decode_image(
     if buf.size == 0:
         raise ValueError("empty image bytes")
     if scale == 1:
-        flags = _FLAGS[mode]
+        flags, convert = _FLAGS[mode], mode == "rgb"
     elif (mode, scale) in _REDUCED_FLAGS:
-        flags = _REDUCED_FLAGS[mode, scale]
+        flags, convert = _REDUCED_FLAGS[mode, scale]
     else:
         raise ValueError(f"scale={scale!r}: expected 1, 2, 4 or 8")
     image = cv2.imdecode(buf, flags)
@@ -115,7 +133,7 @@ def decode_image(
         raise ValueError("OpenCV could not decode the bytes")
     if image.ndim == 2:
         image = image[:, :, np.newaxis]
-    elif mode == "rgb":
+    elif convert:
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     return image
 

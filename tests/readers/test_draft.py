@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from readers import ShardStream, open_dataset
-from readers.decode import DECODE_MODES, decode_image, decode_sample
+from readers.decode import DECODE_MODES, RGB_DIRECT, decode_image, decode_sample, reduced_flags
 from readers.draft import (
     DRAFT_SCALES,
     check_draft,
@@ -87,6 +87,43 @@ def test_opencv_reduced_sizes_are_the_ceiling_of_the_scaled_size() -> None:
             for s in DRAFT_SCALES:
                 assert decode_image(data, "rgb", scale=s).shape[:2] == scaled_size(h, w, s)
                 assert decode_image(data, "gray", scale=s).shape == (*scaled_size(h, w, s), 1)
+
+
+def pil_jpeg(rgb: np.ndarray, **options: object) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(rgb).save(out, "JPEG", quality=90, **options)
+    return out.getvalue()
+
+
+def test_a_reduced_rgb_decode_is_the_bgr_decode_converted() -> None:
+    """A reduced ``rgb`` decode asks libjpeg for RGB itself (OpenCV's IMREAD_COLOR_RGB, where
+    it has it) and skips the conversion; the pixels are exactly those of the BGR decode
+    converted, and so are those of the table used where OpenCV lacks the flag: on colour,
+    gray, CMYK, progressive, 4:4:4 and 4:2:2 JPEGs and every EXIF orientation."""
+    image = smooth(75, 118, seed=4)
+    cases = {
+        "420": jpeg(image),
+        "gray": jpeg(image[:, :, 0]),
+        "cmyk": cmyk_jpeg(image),
+        "progressive": pil_jpeg(image, progressive=True),
+        "444": pil_jpeg(image, subsampling=0),
+        "422": pil_jpeg(image, subsampling=1),
+    }
+    cases |= {f"orientation {o}": with_orientation(jpeg(image), o) for o in range(2, 9)}
+    fallback = reduced_flags(None)
+    for name, data in cases.items():
+        buf = np.frombuffer(data, dtype=np.uint8)
+        for s in DRAFT_SCALES:
+            expected = cv2.cvtColor(decode_image(data, "bgr", scale=s), cv2.COLOR_BGR2RGB)
+            got = decode_image(data, "rgb", scale=s)
+            assert got.shape == expected.shape, (name, s)
+            np.testing.assert_array_equal(got, expected, err_msg=f"{name} at 1/{s}")
+            flags, convert = fallback["rgb", s]
+            assert convert
+            slow = cv2.cvtColor(cv2.imdecode(buf, flags), cv2.COLOR_BGR2RGB)
+            np.testing.assert_array_equal(slow, expected, err_msg=f"{name} at 1/{s}")
+    if RGB_DIRECT is not None:  # the direct path is what the reads take here
+        assert not any(convert for (mode, _), (_, convert) in reduced_flags(RGB_DIRECT).items())
 
 
 def reference_scale(h: int, w: int, draft: int | tuple[int, int]) -> int:
