@@ -247,7 +247,7 @@ class BucketBatchSampler(RankedEpochs):
         }
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
-        """The resume state (version 2, plain JSON; format in :mod:`readers.resume`).
+        """The resume state (version 3, plain JSON; format in :mod:`readers.resume`).
 
         Args:
             consumed_batches: Batches of this rank's share the model consumed in the current
