@@ -17,10 +17,12 @@ import numpy.typing as npt
 
 from readers.bucket_order import (
     KEYS,
+    KeyCodes,
     assign_buckets,
     bucket_batch_sizes,
     bucket_batches,
     bucket_edges,
+    key_codes,
     key_values,
 )
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
@@ -32,10 +34,12 @@ from readers.selection import SizedDataset, dataset_bounds, select_ids
 __all__ = [
     "KEYS",
     "BucketBatchSampler",
+    "KeyCodes",
     "assign_buckets",
     "bucket_batch_sizes",
     "bucket_batches",
     "bucket_edges",
+    "key_codes",
     "key_values",
 ]
 
@@ -105,15 +109,25 @@ class BucketBatchSampler(RankedEpochs):
         self._key = key if isinstance(key, str) else "values"
         dataset_bounds(dataset)  # checks shard_bounds against len
         self._ids = select_ids(dataset, indices, labels)  # None: all
-        values = key_values(dataset, key)
-        if self._ids is not None:
-            values = values[self._ids]
-        self._check_known(values)
-        self._edges = bucket_edges(values, buckets)
-        self._bucket = assign_buckets(values, self._edges)
+        coded = key_codes(dataset, key, self._ids)
+        if coded is None:  # a float key array, or a range too wide to code
+            values = key_values(dataset, key)
+            if self._ids is not None:
+                values = values[self._ids]
+            self._check_known(values)
+            self._edges = bucket_edges(values, buckets)
+            self._bucket: npt.NDArray[np.integer[Any]] = assign_buckets(values, self._edges)
+            top_values, top_bucket = values, self._bucket
+        else:  # the same buckets, from the distinct values and their counts
+            present = coded.counts()
+            self._check_known(coded.table, coded, present)
+            self._edges = bucket_edges(coded.table, buckets, counts=present)
+            self._bucket = coded.buckets(self._edges)
+            top_values = coded.table[present > 0]
+            top_bucket = assign_buckets(top_values, self._edges)
         self._sizes = bucket_batch_sizes(
-            values,
-            self._bucket,
+            top_values,
+            top_bucket,
             num_buckets=self._edges.size + 1,
             batch_size=self.batch_size,
             batch_sizes=batch_sizes,
@@ -136,19 +150,39 @@ class BucketBatchSampler(RankedEpochs):
         self._cache: tuple[int, IntArray, IntArray, IntArray] | None = None
         self._buckets_crc: int | None = None
 
-    def _check_known(self, values: npt.NDArray[Any]) -> None:
-        """Refuse samples whose key the index does not know (-1) or that is not finite."""
+    def _unknown(self, values: npt.NDArray[Any]) -> npt.NDArray[np.bool_] | None:
+        """Where a key is unknown to the index (-1) or not finite; None where all are known."""
         floats = not np.issubdtype(values.dtype, np.integer)
         if self._key == "values":
             if not floats or bool(np.all(np.isfinite(values))):
+                return None
+            unknown: npt.NDArray[np.bool_] = ~np.isfinite(values)
+            return unknown
+        if values.size == 0 or (values.min() > 0 and (not floats or np.isfinite(values.max()))):
+            return None
+        unknown = values <= 0  # the index writes -1 for a size it does not know
+        if floats:
+            unknown |= ~np.isfinite(values)
+        return unknown
+
+    def _check_known(
+        self,
+        values: npt.NDArray[Any],
+        coded: KeyCodes | None = None,
+        counts: IntArray | None = None,
+    ) -> None:
+        """Refuse samples whose key the index does not know (-1) or that is not finite.
+
+        ``values`` are the samples' values, or with ``coded`` its table (``counts`` samples
+        per entry).
+        """
+        unknown = self._unknown(values)
+        if unknown is None:
+            return
+        if coded is not None and counts is not None:
+            if not np.any(unknown & (counts > 0)):
                 return
-            unknown = ~np.isfinite(values)
-        else:
-            if values.size == 0 or (values.min() > 0 and (not floats or np.isfinite(values.max()))):
-                return
-            unknown = values <= 0  # the index writes -1 for a size it does not know
-            if floats:
-                unknown |= ~np.isfinite(values)
+            unknown = unknown[coded.codes]
         bad = np.flatnonzero(unknown)
         ids = bad if self._ids is None else self._ids[bad]
         raise ValueError(

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from readers.elastic import (
     ConsumedInShare,
@@ -116,8 +117,8 @@ _DATASET_PARAMS = {
 }
 
 
-def fingerprint(*arrays: IntArray | None) -> int:
-    """CRC-32 of int64 arrays (None skipped): tells layouts and selections apart."""
+def fingerprint(*arrays: npt.NDArray[np.integer[Any]] | None) -> int:
+    """CRC-32 of integer arrays as int64 (None skipped): tells layouts and selections apart."""
     crc = 0
     for arr in arrays:
         if arr is not None:

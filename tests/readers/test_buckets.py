@@ -14,12 +14,13 @@ import cv2
 import numpy as np
 import pytest
 
-from readers import LmdbDataset, RecordIODataset
+from readers import LmdbDataset, RecordIODataset, bucket_order
 from readers.buckets import (
     BucketBatchSampler,
     assign_buckets,
     bucket_batch_sizes,
     bucket_edges,
+    key_codes,
     key_values,
 )
 from tests.conftest import build_packed
@@ -122,6 +123,141 @@ def test_per_bucket_batch_sizes() -> None:
         bucket_batch_sizes(values, bucket, batch_sizes=[1] * 4, scale_batch=True, **kw)
     with pytest.raises(ValueError, match=">= 1"):
         bucket_batch_sizes(values, bucket, batch_sizes=[1, 0, 1, 1], **kw)
+
+
+# ------------------------------------------------------------------ the coded fast path
+
+
+def sized(n: int, heights: tuple[int, ...], seed: int) -> WidthDataset:
+    """A WidthDataset whose heights are drawn from `heights`."""
+    ds = WidthDataset(n, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    ds.index.extra["height"] = rng.choice(np.array(heights, dtype=np.int64), n)
+    return ds
+
+
+@pytest.mark.parametrize("key", ["width", "height", "aspect"])
+@pytest.mark.parametrize(
+    ("heights", "every", "buckets"),
+    [
+        ((32,), 1, 16),
+        ((17, 32, 48, 64), 1, 7),
+        ((1, 2, 3, 40), 3, 5),
+        ((32,), 2, [0.5, 4.0, 9.25]),
+    ],
+)
+def test_coded_keys_give_what_the_plain_values_give(
+    key: str, heights: tuple[int, ...], every: int, buckets: Any
+) -> None:
+    """`key_codes` (one count and one table lookup per sample) against the plain path on the
+    same values as floats (a partition and a binary search per sample): the same values bit
+    for bit, boundaries, buckets, batch sizes and epochs."""
+    ds = sized(2000, heights, seed=len(heights))
+    ids = np.arange(0, 2000, every) if every > 1 else None
+    values = key_values(ds, key).astype(np.float64)
+    assert key_codes(ds, values) is None, "a float array takes the plain path"
+    coded = key_codes(ds, key, ids)
+    assert coded is not None
+    picked = values if ids is None else values[ids]
+    np.testing.assert_array_equal(coded.table[coded.codes], picked)  # bit for bit
+    if key == "height" and not isinstance(buckets, int):
+        buckets = [20.0, 40.0]
+    for scale in (False, True):
+        kw: dict[str, Any] = {"buckets": buckets, "scale_batch": scale, "indices": ids, "seed": 4}
+        fast, plain = make(ds, key=key, **kw), make(ds, key=values, **kw)
+        assert fast.boundaries == plain.boundaries
+        assert fast.bucket_counts == plain.bucket_counts
+        assert fast.batch_sizes == plain.batch_sizes
+        fast.set_epoch(3)
+        plain.set_epoch(3)
+        assert list(fast) == list(plain)
+
+
+def test_coded_keys_fall_back_and_refuse_as_the_plain_path() -> None:
+    ds = sized(500, (32, 64), seed=1)
+    assert key_codes(ds, "aspect") is not None
+    ds.index.extra["width"][::50] = 3_000_000  # a table far larger than the samples
+    assert key_codes(ds, "aspect") is None
+    assert key_codes(ds, "width") is None
+    aspect = ds.index.extra["width"] / ds.index.extra["height"]
+    s = make(ds, key="aspect", buckets=4)
+    assert s.boundaries == make(ds, key=aspect, buckets=4).boundaries
+    for b in s:
+        assert len(set(np.searchsorted(s.boundaries, aspect[b], "right").tolist())) == 1
+    bad = sized(500, (32, 64), seed=1)
+    bad.index.extra["height"][[7, 9]] = -1  # the index does not know them
+    assert key_codes(bad, "aspect") is not None
+    with pytest.raises(
+        ValueError, match=r"2 selected samples have no aspect in the index \(ids \[7, 9\]"
+    ):
+        make(bad, key="aspect")
+    make(bad, key="aspect", indices=np.setdiff1d(np.arange(500), [7, 9]))  # left out: fine
+
+
+def test_coded_quantiles_see_only_the_values_samples_hold() -> None:
+    """The aspect table holds every (width, height) pair of the ranges, most held by no
+    sample: here its smallest entry (16 / 32) is held by none, and the smallest held value
+    (16 / 17) by 30% of the samples, so it is a quantile and no boundary."""
+    ds = WidthDataset(1000, seed=3)
+    width, height = ds.index.extra["width"], ds.index.extra["height"]
+    height[:] = np.where(width >= 200, 32, 17)
+    width[:300], height[:300] = 16, 17
+    values = key_values(ds, "aspect")
+    fast, plain = make(ds, key="aspect", buckets=8), make(ds, key=values, buckets=8)
+    assert fast.boundaries == plain.boundaries
+    assert fast.boundaries[0] > 16 / 17
+    assert fast.bucket_counts == plain.bucket_counts
+    assert min(fast.bucket_counts) > 0, "no empty bucket"
+
+
+def ref_shuffle_blocks(values: np.ndarray, lengths: np.ndarray, seed: int) -> np.ndarray:
+    """The in-block shuffle written plainly: one (rows, width) draw of 32-bit keys, each row
+    argsorted by (key, column), padding last."""
+    rng = np.random.default_rng(seed)
+    width = int(lengths.max())
+    keys = rng.integers(0, 2**32, size=(lengths.size, width), dtype=np.uint64)
+    out, start = [], 0
+    for row, size in zip(keys.tolist(), lengths.tolist(), strict=True):
+        cols = sorted(range(size), key=lambda c: (row[c], c))
+        out += [values[start + c] for c in cols]
+        start += size
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1 << 19])
+def test_block_shuffle_and_runs_equal_plain_references(
+    piece: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the scratch pieces: the same permutation as the plain reference (and the
+    same generator state after it), and the runs of `_runs` / `_gather_runs`."""
+    monkeypatch.setattr(bucket_order, "_PIECE", piece)
+    rng = np.random.default_rng(9)
+    for lengths in ([5], [3, 3, 3], [4, 1, 4, 2, 4], [1] * 9, [6, 0, 6]):
+        size = np.array(lengths, dtype=np.int64)
+        size = size[size > 0]  # blocks are never empty
+        values = rng.permutation(int(size.sum()) * 3)[: int(size.sum())].astype(np.int64)
+        gen = np.random.default_rng(5)
+        got = bucket_order._shuffle_blocks(values, size, gen)
+        np.testing.assert_array_equal(got, ref_shuffle_blocks(values, size, 5))
+        after = np.random.default_rng(5)
+        after.integers(0, 2**32, size=(size.size, int(size.max())), dtype=np.uint64)
+        assert gen.random() == after.random(), "the draws of one (rows, width) call"
+        via = rng.permutation(values.size)
+        gen = np.random.default_rng(5)
+        np.testing.assert_array_equal(
+            bucket_order._shuffle_blocks(values, size, gen, via=via),
+            ref_shuffle_blocks(values[via], size, 5),
+        )
+    starts = np.array([10, 0, 40, 7, 3], dtype=np.int64)
+    lens = np.array([3, 0, 2, 1, 4], dtype=np.int64)
+    plain = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, lens, strict=True)])
+    np.testing.assert_array_equal(bucket_order._runs(starts, lens), plain)
+    table = np.arange(100, 150, dtype=np.int64)
+    outer = np.arange(200, dtype=np.int64)[::-1].copy()
+    np.testing.assert_array_equal(bucket_order._gather_runs(table, starts, lens), table[plain])
+    np.testing.assert_array_equal(
+        bucket_order._gather_runs(table, starts, lens, outer), outer[table[plain]]
+    )
 
 
 # ------------------------------------------------------------------ invariants
