@@ -27,7 +27,9 @@ when the size never changed); after an elastic load they start again at 0.
 
 A weighted mixture adds ``weights``, ``epoch_samples``, ``mix``, ``mix_batch_size`` (the batch
 size with ``mix="batch"``, else null), ``chunk_sizes`` and ``source_sizes`` (per source); a
-bucket sampler adds ``key``, ``boundaries``, ``batch_sizes`` and ``buckets_crc32``.
+bucket sampler adds ``key``, ``boundaries``, ``batch_sizes`` and ``buckets_crc32`` (and the
+mixture's keys with ``weights=``: its epochs then differ in length, and a state is read
+against the batches of its own epoch).
 
 *Units.* Ranks split an epoch's global order by units: samples (chunked sampler, mixed
 sampler with ``mix="epoch"``, ``ShardStream``) or batches (``BucketBatchSampler``, and the

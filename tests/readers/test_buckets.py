@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from readers import LmdbDataset, RecordIODataset, bucket_order
+from readers import ConcatDataset, LmdbDataset, RecordIODataset, bucket_order
 from readers.buckets import (
     BucketBatchSampler,
     assign_buckets,
@@ -23,6 +23,7 @@ from readers.buckets import (
     key_codes,
     key_values,
 )
+from readers.mixing import epoch_draws, mix_counts
 from tests.conftest import build_packed
 from tests.readers.test_order import EPOCHS, SEEDS, WORLD_SIZES
 
@@ -376,6 +377,77 @@ def test_selection_and_labels() -> None:
     assert s.boundaries == bucket_edges(ds.width[keep], 4).tolist()
 
 
+# ------------------------------------------------------------------ weighted mixture
+
+
+def two_sources() -> Any:
+    """A ConcatDataset of 120 + 60 samples with widths and heights in their indexes."""
+    return ConcatDataset([WidthDataset(120, seed=1), WidthDataset(60, seed=2)])
+
+
+@pytest.mark.parametrize(("weights", "n"), [((1, 1), 180), ((1, 2), 150), ((5, 1), 37)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_weighted_buckets_over_seeds_epochs_and_ranks(
+    weights: tuple[float, ...], n: int, drop_last: bool
+) -> None:
+    """Each epoch buckets exactly the mixture's draws (source i: round(N w_i / sum w)), every
+    batch of one bucket; the epoch is one list of batches split into equal rank shares;
+    deterministic for (seed, epoch); len() follows the epoch (its draws fill the buckets)."""
+    ds = two_sources()
+    width = key_values(ds, "width")
+    counts = mix_counts(n, weights)
+    lengths = set()
+    for seed, epoch in itertools.product(SEEDS, EPOCHS):
+        kw: dict[str, Any] = {"weights": weights, "epoch_samples": n, "seed": seed}
+        kw |= {"drop_last": drop_last, "scale_batch": True}
+        probe = make(ds, **kw)
+        probe.set_epoch(epoch)
+        flat, bounds, batch_bucket = probe.epoch_batches()
+        mixture = probe.mixture
+        assert mixture is not None
+        draws = epoch_draws(mixture.sources, counts, seed=seed, epoch=epoch)
+        if drop_last:
+            assert Counter(flat.tolist()) <= Counter(draws.tolist())
+            assert draws.size - flat.size < sum(probe.batch_sizes)
+        else:
+            assert sorted(flat.tolist()) == sorted(draws.tolist()), "exactly the draws"
+            assert np.bincount(flat >= 120, minlength=2).tolist() == counts.tolist()
+        edges = np.asarray(probe.boundaries)
+        for j in range(batch_bucket.size):
+            batch = flat[bounds[j] : bounds[j + 1]]
+            assert set(np.searchsorted(edges, width[batch], "right").tolist()) == {batch_bucket[j]}
+        lengths.add(probe.num_batches)
+        for world in WORLD_SIZES:
+            shares = []
+            for rank in range(world):
+                s = make(ds, rank=rank, world_size=world, **kw)
+                s.set_epoch(epoch)
+                shares.append(list(s))
+                assert len(s) == len(shares[-1])
+            assert len({len(x) for x in shares}) == 1, "every rank the same number of batches"
+            joined = [b for share in shares for b in share]
+            ref = [flat[bounds[j] : bounds[j + 1]].tolist() for j in range(batch_bucket.size)]
+            want = len(joined)
+            assert joined == (ref * (world + 1))[:want], "contiguous slices of one list"
+    assert len(lengths) > 1, "the number of batches follows the epoch's draws"
+
+
+def test_weighted_buckets_need_a_concat_and_good_weights() -> None:
+    with pytest.raises(ValueError, match=r"mix the sources of a readers\.ConcatDataset"):
+        make(WidthDataset(), weights=[1])
+    with pytest.raises(ValueError, match=r"one entry per source \(2 sources\), got 3"):
+        make(two_sources(), weights=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"weights\[0\] is 0"):
+        make(two_sources(), weights=[0, 2])
+    with pytest.raises(ValueError, match="epoch_samples must be an integer >= 1, got 0"):
+        make(two_sources(), weights=[1, 2], epoch_samples=0)
+    state = make(two_sources(), weights=[1, 2], epoch_samples=90).state_dict(consumed_batches=1)
+    with pytest.raises(ValueError, match=r"weights: saved \[1.0, 2.0\], now \[2.0, 1.0\]"):
+        make(two_sources(), weights=[2, 1], epoch_samples=90).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"epoch_samples: saved 90, now 91"):
+        make(two_sources(), weights=[1, 2], epoch_samples=91).load_state_dict(state)
+
+
 # ------------------------------------------------------------------ resume
 
 
@@ -467,39 +539,6 @@ def width_of(image: np.ndarray) -> np.ndarray:
     return np.array([image.shape[1]], dtype=np.int64)
 
 
-class Concat:
-    """A stand-in for readers.ConcatDataset (``datasets``, ``offsets``, ``shard_bounds``)."""
-
-    def __init__(self, datasets: list[Any]) -> None:
-        self.datasets = datasets
-        sizes = [len(d) for d in datasets]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.shard_bounds = np.unique(
-            np.concatenate(
-                [d.shard_bounds + o for d, o in zip(datasets, self.offsets, strict=False)]
-            )
-        )
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def __getitem__(self, i: int) -> Any:
-        part = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        return self.datasets[part][i - int(self.offsets[part])]
-
-
-try:  # the real one, where it exists (h7's readers/concat.py)
-    from readers.concat import ConcatDataset as _Real
-
-    def concat(datasets: list[Any]) -> Any:
-        return _Real(datasets)
-
-except ImportError:
-
-    def concat(datasets: list[Any]) -> Any:
-        return Concat(datasets)
-
-
 def test_widths_come_from_the_index_without_reading_records(
     lines: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -524,7 +563,7 @@ def test_packed_datasets_and_a_concatenation_through_a_dataloader(lines: dict[st
         LmdbDataset(lines["lmdb"], transform=width_of),
         RecordIODataset(lines["recordio"], transform=width_of),
     ]
-    cases = [(parts[0], None), (parts[1], None), (concat(parts), [0, 37, 60])]
+    cases = [(parts[0], None), (parts[1], None), (ConcatDataset(parts), [0, 37, 60])]
     for ds, offsets in cases:
         if offsets is not None:
             assert np.asarray(ds.offsets).tolist() == offsets
@@ -547,3 +586,38 @@ def test_packed_datasets_and_a_concatenation_through_a_dataloader(lines: dict[st
                     assert len(set(bucket.tolist())) == 1
                     seen += ids
             assert set(seen) == set(range(len(ds)))
+
+
+def test_a_weighted_mixture_of_packed_datasets_through_a_dataloader(
+    lines: dict[str, Path],
+) -> None:
+    """PaddleOCR's ratio_list with width buckets: each epoch buckets exactly 20 draws of the
+    LMDB set and 40 of the RecordIO one (23 samples: some twice); decoded widths agree."""
+    paddle = pytest.importorskip("paddle")
+    ds = ConcatDataset(
+        [
+            LmdbDataset(lines["lmdb"], transform=width_of),
+            RecordIODataset(lines["recordio"], transform=width_of),
+        ]
+    )
+    widths = key_values(ds, "width")
+    for epoch in (0, 1):
+        seen: Counter[int] = Counter()
+        for rank in range(2):
+            s = BucketBatchSampler(
+                ds, 5, buckets=3, seed=3, rank=rank, world_size=2, weights=[1, 2], epoch_samples=60
+            )
+            s.set_epoch(epoch)
+            expected = list(s)
+            loader = paddle.io.DataLoader(ds, batch_sampler=s, num_workers=2)
+            assert len(loader) == len(expected) == len(s)
+            for ids, (got_w, _) in zip(expected, loader, strict=True):
+                got = got_w.numpy()[:, 0]
+                assert got.tolist() == widths[ids].tolist()
+                assert len(set(np.searchsorted(s.boundaries, got, side="right").tolist())) == 1
+                seen.update(ids)
+        flat = s.epoch_batches()[0]
+        assert Counter(flat.tolist()) <= seen, "every draw of the epoch, padding aside"
+        assert np.bincount(flat >= 37, minlength=2).tolist() == [20, 40]
+        # 40 draws of 23 cover a whole pass: every one, some twice or three times
+        assert set(flat[flat >= 37].tolist()) == set(range(37, 60))

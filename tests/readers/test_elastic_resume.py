@@ -213,13 +213,23 @@ KINDS: dict[str, Kind] = {
         slack=lambda m: m - 1,
         pad=lambda m: m - 1,
     ),
+    "mixed-bucket": Kind(  # width buckets over weighted draws: 50 of 120, 100 of 60 (repeats)
+        make=lambda rank, world, drop: _mixed_bucket(rank, world, drop),
+        run=lambda s, mp: list(s),
+        save=lambda s, k: s.state_dict(consumed_batches=k),
+        planned=lambda s: [i for b in s.rank_order().tolist() for i in _batch(s, b)],
+        total=lambda s: int(s.epoch_batches()[0].size),
+        slack=lambda m: (m - 1) * 120,
+        pad=lambda m: (m - 1) * 120,
+        batches=True,
+        check_unit=lambda batch: _check_one_bucket(batch),
+    ),
 }
 
 
 def _mixed(salt: int = 0) -> ConcatDataset:
-    """Two sources whose per-epoch draws are whole passes, so no id repeats inside an epoch.
-
-    Items name their global id."""
+    """Two sources of 120 and 60 samples, items naming their global id; weights 2:1 and 180
+    draws per epoch make an epoch one whole pass of each, so no id repeats inside it."""
     return ConcatDataset(
         [IdDataset(120, [0, 40, 120], salt=salt), IdDataset(60, [0, 60], salt=salt + 1, base=120)]
     )
@@ -245,6 +255,29 @@ def _mixed_stream(
         world_size=world,
         drop_last=drop,
     )
+
+
+def _mixed_bucket(rank: int, world: int, drop: bool) -> BucketBatchSampler:
+    return BucketBatchSampler(
+        _mixed(),
+        6,
+        buckets=3,
+        scale_batch=True,
+        weights=[1, 2],
+        epoch_samples=150,
+        rank=rank,
+        world_size=world,
+        drop_last=drop,
+        **KW,
+    )
+
+
+def _check_one_bucket(batch: list[int]) -> None:
+    """A batch of `_mixed_bucket` holds one bucket of the index's widths."""
+    probe = _mixed_bucket(0, 1, False)
+    widths = np.concatenate([d.index.extra["width"] for d in _mixed().datasets])
+    buckets = np.searchsorted(probe.boundaries, widths[batch], side="right")
+    assert len(set(buckets.tolist())) == 1, batch
 
 
 def _check_composition(batch: list[int], counts: list[int]) -> None:
@@ -659,7 +692,7 @@ def test_shard_stream_of_a_real_lmdb_resumes_on_fewer_ranks_with_other_workers(
 @pytest.mark.slow
 def test_recipe_two_processes_then_one(tmp_path: Path) -> None:
     """scripts/recipe_mix_buckets.py as the README runs it: paddle.distributed.launch with 2
-    CPU processes, interrupted, resumed in 1 process; the epoch sees every sample."""
+    CPU processes, interrupted, resumed in 1 process; the epoch sees every drawn sample."""
     import subprocess
     import sys
 
@@ -682,7 +715,9 @@ def test_recipe_two_processes_then_one(tmp_path: Path) -> None:
     state = json.loads((data / "ckpt.json").read_text())["sampler"]
     assert (state["world_size"], state["position"]) == (2, 3)
     run(script, "train", str(data), "--resume")
-    assert "420 of 420 samples seen; missing []; repeated 0" in run(script, "check", str(data))
+    out = run(script, "check", str(data))
+    # ratio_list [0.5, 1.0] of 300 + 120: 150 + 120 draws, each seen once
+    assert "270 of 270 drawn samples seen (150 synthetic, 120 real); missing []" in out
 
 
 def test_another_epoch_and_back_forgets_the_elastic_rest() -> None:
