@@ -2,24 +2,18 @@
 
 Batches of similar width, height or aspect, from the index alone; no paddle, no I/O.
 
-One epoch, for all ranks together, from the key values of the selected samples (the index's
-``width``, ``height`` or ``width / height``; no record is read or decoded):
+One epoch, for all ranks together, from the bucket of each selected sample and the batch size
+of each bucket (steps 1 and 2, :mod:`readers.bucket_keys`: boundaries from the index's
+quantiles or given, ``scale_batch``):
 
-1. **Buckets** (`bucket_edges`, `assign_buckets`). ``buckets=K`` puts the boundaries at the
-   ``j/K`` quantiles of the selected samples' values (exact values of the index, repeated ones
-   merged, so there may be fewer than ``K`` buckets, none empty); a list of boundaries
-   ``[e1, ..., e(K-1)]`` is taken as given (buckets may be empty). Bucket ``b`` holds the
-   samples with ``edge[b-1] <= value < edge[b]``.
-2. **Batch sizes** (`bucket_batch_sizes`): ``batch_size`` in every bucket, an explicit list
-   ``batch_sizes``, or ``scale_batch=True``: the bucket of the largest values holds
-   ``batch_size`` and bucket ``b`` holds ``max(1, floor(batch_size * top / top_b))``, where
-   ``top_b`` is the largest value in it, so ``batch size x width`` stays about what the widest
-   batch needs (OCR multi-scale training).
 3. **Chunks inside buckets** (`bucket_batches`). Each bucket's members, in id order, are cut
    into chunks of ``chunk_size`` neighbouring members; the chunks of a bucket are shuffled,
    and the samples inside each block of ``window`` consecutive chunks of one bucket are
    shuffled (as ``readers.order.chunk_order`` does for the whole dataset). Reads inside a
-   batch stay near-sequential, and every sample stays in its bucket.
+   batch stay near-sequential, and every sample stays in its bucket. Over a weighted mixture
+   (``weights=``) the members are the epoch's draws instead (``readers.mixing.epoch_draws``:
+   each source's exact count, grouped by pass, ids ascending inside a pass), so a sample
+   drawn twice in one epoch sits in two chunks of two passes.
 4. **Batches.** Each bucket's sequence is cut into batches of its batch size (the last one
    short, or dropped with ``drop_last``). The buckets' batch sequences are merged in a random
    order that keeps each bucket's batches in their order: a uniformly shuffled sequence of
@@ -31,168 +25,27 @@ One epoch, for all ranks together, from the key values of the selected samples (
    batches. ``shuffle=False`` keeps ids ascending and the buckets in order (no randomness).
 
 Resume and elastic resume count whole batches (the units of ``readers.resume``): the rest of
-an epoch saved at another world size is its unconsumed batches, still bucket-pure.
+an epoch saved at another world size is its unconsumed batches, still bucket-pure. With a
+weighted mixture the number of batches differs from epoch to epoch (the draws fill the buckets
+differently) but is fixed for each (seed, epoch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from readers.bucket_keys import bucket_dtype
 from readers.order import IntArray, check_nonneg, chunk_ranges
-from readers.selection import index_columns
 
-__all__ = [
-    "KEYS",
-    "assign_buckets",
-    "bucket_batch_sizes",
-    "bucket_batches",
-    "bucket_edges",
-    "key_values",
-]
-
-KEYS = ("width", "height", "aspect")
-FloatArray = npt.NDArray[np.float64]
-_TABLE_RANGE = 1 << 22  # integer keys spanning fewer values are counted, not sorted
-
-
-def key_values(dataset: Any, key: str | npt.ArrayLike) -> npt.NDArray[Any]:
-    """One value per sample: the index's width, height or width / height, or ``key`` itself.
-
-    Args:
-        dataset: Its index supplies the columns (``readers.selection.index_columns``).
-        key: ``"width"``, ``"height"``, ``"aspect"``, or an array of one number per sample.
-
-    Raises:
-        ValueError: an unknown key, an array of the wrong shape, or a dataset without the
-            columns.
-    """
-    n = len(dataset)
-    if not isinstance(key, str):
-        values = np.asarray(key)
-        if values.shape != (n,) or not np.issubdtype(values.dtype, np.number):
-            raise ValueError(
-                f"key as an array must hold one number per sample ({n}), got shape "
-                f"{values.shape} dtype {values.dtype}"
-            )
-        return values
-    if key not in KEYS:
-        raise ValueError(f"key={key!r}: expected one of {KEYS} or an array of values")
-    names = ("width", "height") if key == "aspect" else (key,)
-    cols = index_columns(dataset, *names)
-    if cols is None:
-        raise ValueError(
-            f"BucketBatchSampler(key={key!r}) needs {' and '.join(names)} of every sample from "
-            f"the dataset's index, and {type(dataset).__name__} has none (a bare LMDB or "
-            "RecordIO pair has no index); pass key=<an array of one value per sample> instead"
-        )
-    if key != "aspect":
-        return np.asarray(cols[0], dtype=np.int64)
-    width, height = (np.asarray(c, dtype=np.float64) for c in cols)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(height > 0, width / np.where(height > 0, height, 1.0), -1.0)
-
-
-def bucket_edges(values: npt.ArrayLike, buckets: int | Sequence[float]) -> FloatArray:
-    """The boundaries between buckets: ``K`` quantile buckets of ``values``, or a given list.
-
-    Args:
-        values: The key values of the selected samples.
-        buckets: ``K >= 1``: boundaries at the ``j/K`` quantiles (``j = 1 .. K-1``), values
-            found in ``values``, repeats and a boundary at the minimum dropped, so every bucket
-            is non-empty; or the boundaries themselves, strictly increasing.
-
-    Returns:
-        Increasing boundaries (float64); there are ``len + 1`` buckets.
-    """
-    v = np.asarray(values)
-    if isinstance(buckets, int | np.integer) and not isinstance(buckets, bool):
-        check_nonneg("buckets", int(buckets), 1)
-        m = v.size
-        if m == 0 or buckets == 1:
-            return np.zeros(0, dtype=np.float64)
-        kth = np.unique((np.arange(1, int(buckets), dtype=np.int64) * m) // int(buckets))
-        lo = v.min()
-        if np.issubdtype(v.dtype, np.integer) and int(v.max()) - int(lo) < _TABLE_RANGE:
-            # the kth smallest of small integers, by counting (what np.partition would pick)
-            ends = np.cumsum(np.bincount(v - lo))
-            picked = (np.searchsorted(ends, kth, side="right") + int(lo)).astype(np.float64)
-        else:
-            picked = np.partition(v, kth)[kth].astype(np.float64)
-        edges = np.unique(picked)
-        return edges[edges > float(lo)]
-    if isinstance(buckets, str | bytes) or not isinstance(buckets, Iterable):
-        raise ValueError(f"buckets must be a count or a list of boundaries, got {buckets!r}")
-    edges = np.asarray(list(buckets), dtype=np.float64)
-    if edges.ndim != 1 or not np.all(np.isfinite(edges)) or np.any(np.diff(edges) <= 0):
-        raise ValueError(
-            f"bucket boundaries must be finite and strictly increasing, got {edges.tolist()}"
-        )
-    return edges
-
-
-def assign_buckets(values: npt.ArrayLike, edges: FloatArray) -> IntArray:
-    """The bucket of each value: ``b`` with ``edges[b-1] <= value < edges[b]``."""
-    v = np.asarray(values)
-    if v.size and np.issubdtype(v.dtype, np.integer):
-        lo, hi = int(v.min()), int(v.max())
-        if hi - lo < _TABLE_RANGE:  # one lookup per value instead of a binary search
-            table = np.searchsorted(edges, np.arange(lo, hi + 1), side="right")
-            out: IntArray = table.astype(np.int64)[v - lo]
-            return out
-    return np.searchsorted(edges, v, side="right").astype(np.int64)
-
-
-def bucket_batch_sizes(
-    values: npt.ArrayLike,
-    bucket: IntArray,
-    *,
-    num_buckets: int,
-    batch_size: int,
-    batch_sizes: Sequence[int] | None = None,
-    scale_batch: bool = False,
-) -> IntArray:
-    """Samples per batch in each bucket (see the module docstring, step 2).
-
-    Args:
-        values: The key values of the selected samples.
-        bucket: Their buckets (`assign_buckets`).
-        num_buckets: ``len(edges) + 1``.
-        batch_size: The batch size (of the widest bucket with ``scale_batch``).
-        batch_sizes: One batch size per bucket, instead.
-        scale_batch: Scale ``batch_size`` by the largest value over each bucket's largest.
-    """
-    check_nonneg("batch_size", batch_size, 1)
-    if batch_sizes is not None:
-        if scale_batch:
-            raise ValueError("give batch_sizes or scale_batch=True, not both")
-        sizes = np.asarray(list(batch_sizes))
-        if sizes.shape != (num_buckets,) or not np.issubdtype(sizes.dtype, np.integer):
-            raise ValueError(
-                f"batch_sizes must hold one integer per bucket ({num_buckets}), got "
-                f"{sizes.tolist()}"
-            )
-        if np.any(sizes < 1):
-            raise ValueError(f"batch_sizes must be >= 1, got {sizes.tolist()}")
-        return sizes.astype(np.int64)
-    sizes = np.full(num_buckets, int(batch_size), dtype=np.int64)
-    v = np.asarray(values, dtype=np.float64)
-    if not scale_batch or v.size == 0:
-        return sizes
-    top = np.full(num_buckets, -np.inf)
-    np.maximum.at(top, bucket, v)
-    full = np.isfinite(top) & (top > 0)
-    ref = float(top[full].max()) if np.any(full) else 0.0
-    sizes[full] = np.maximum(1, np.floor(batch_size * ref / top[full])).astype(np.int64)
-    return sizes
+__all__ = ["bucket_batches"]
 
 
 def bucket_batches(
     ids: IntArray | None,
-    bucket: IntArray,
+    bucket: npt.NDArray[np.integer[Any]],
     *,
     batch_sizes: IntArray,
     chunk_size: int,
@@ -226,14 +79,13 @@ def bucket_batches(
     k = int(batch_sizes.size)
     n = int(bucket.size)
     # the members of each bucket, in id order, one bucket after the other
-    small = bucket.astype(np.uint8 if k <= 256 else np.uint16 if k <= 65536 else np.int64)
+    small = bucket.astype(bucket_dtype(k), copy=False)
     grouped = np.argsort(small, kind="stable")
     counts = np.bincount(bucket, minlength=k).astype(np.int64)
     pb = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     rng = np.random.default_rng([int(seed), int(epoch)]) if shuffle else None
     if rng is not None and n:
-        grouped = grouped[_shuffle_inside_buckets(counts, pb, chunk_size, window, rng)]
-    members = grouped if ids is None else ids[grouped]
+        grouped = _shuffle_inside_buckets(grouped, counts, pb, chunk_size, window, rng)
     # batches of each bucket in bucket-major order, then merged across buckets
     bs = batch_sizes.astype(np.int64)
     nb = counts // bs if drop_last else -(-counts // bs)
@@ -248,52 +100,114 @@ def bucket_batches(
         order[np.argsort(labels, kind="stable")] = np.arange(total, dtype=np.int64)
     start, size = start[order], size[order]
     bounds = np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
-    pos = np.repeat(start - bounds[:-1], size) + np.arange(int(bounds[-1]), dtype=np.int64)
-    return members[pos], bounds, bb[order]
+    return _gather_runs(grouped, start, size, ids), bounds, bb[order]
+
+
+_PIECE = 1 << 19  # samples per piece of the gathers below: a few MiB of scratch, reused
+
+
+def _runs(starts: IntArray, lengths: IntArray) -> IntArray:
+    """The ranges ``[starts[i], starts[i] + lengths[i])`` one after the other (int64).
+
+    Built as one cumulative sum of steps of 1 with a jump where a range begins: one array,
+    where ``repeat(starts - offsets, lengths) + arange`` makes three.
+    """
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    out = np.ones(int(lengths.sum()), dtype=np.int64)
+    if out.size == 0:
+        return out
+    ends = np.cumsum(lengths)[:-1]
+    out[0] = starts[0]
+    out[ends] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+    np.cumsum(out, out=out)
+    return out
+
+
+def _gather_runs(
+    values: IntArray, starts: IntArray, lengths: IntArray, outer: IntArray | None = None
+) -> IntArray:
+    """``values[_runs(starts, lengths)]`` (then looked up in ``outer``), a piece at a time.
+
+    Only the result is a full-size array; the positions of each piece are scratch.
+    """
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if ends.size else 0, dtype=np.int64)
+    i = 0
+    while i < lengths.size:
+        j = max(i + 1, int(np.searchsorted(ends, (ends[i - 1] if i else 0) + _PIECE)))
+        a = int(ends[i - 1]) if i else 0
+        part = values[_runs(starts[i:j], lengths[i:j])]
+        out[a : int(ends[j - 1])] = part if outer is None else outer[part]
+        i = j
+    return out
 
 
 def _shuffle_inside_buckets(
-    counts: IntArray, pb: IntArray, chunk_size: int, window: int, rng: np.random.Generator
+    grouped: IntArray,
+    counts: IntArray,
+    pb: IntArray,
+    chunk_size: int,
+    window: int,
+    rng: np.random.Generator,
 ) -> IntArray:
-    """A permutation of positions ``[0, n)`` that stays inside each bucket's ``[pb[b], pb[b+1])``.
+    """``grouped`` reordered inside each bucket's positions ``[pb[b], pb[b+1])``.
 
     The bucket's chunks are shuffled, then samples shuffled inside blocks of ``window`` chunks.
     """
-    n = int(pb[-1])
     lo, hi = chunk_ranges(pb, chunk_size=chunk_size)
     per_bucket = -(-counts // chunk_size)
     chunk_bucket = np.repeat(np.arange(counts.size, dtype=np.int64), per_bucket)
     perm = rng.permutation(lo.size)
     perm = perm[np.argsort(chunk_bucket[perm], kind="stable")]  # random order inside buckets
     plen = (hi - lo)[perm]
-    pos = np.repeat(lo[perm] - (np.cumsum(plen) - plen), plen) + np.arange(n, dtype=np.int64)
     if window == 0:
-        return pos
+        return _gather_runs(grouped, lo[perm], plen)
     within = np.arange(lo.size, dtype=np.int64) - np.repeat(
         np.cumsum(per_bucket) - per_bucket, per_bucket
     )
     block = np.cumsum(within % window == 0) - 1  # blocks never span two buckets
-    return pos[_shuffle_blocks(np.bincount(block, weights=plen).astype(np.int64), rng)]
+    lengths = np.bincount(block, weights=plen).astype(np.int64)
+    return _shuffle_blocks(grouped, lengths, rng, via=_runs(lo[perm], plen))
 
 
-def _shuffle_blocks(lengths: IntArray, rng: np.random.Generator) -> IntArray:
-    """A permutation of ``[0, sum(lengths))`` that shuffles each block uniformly in place.
+def _shuffle_blocks(
+    values: IntArray, lengths: IntArray, rng: np.random.Generator, *, via: IntArray | None = None
+) -> IntArray:
+    """``values`` (or ``values[via]``) with each block shuffled uniformly in place.
 
     The blocks are runs of consecutive positions of the given lengths; they keep their places.
 
     One row per block, sorted on its own: a random 32-bit key above the column number, so keys
     are distinct and every correct sort gives the same order (no tie left to the sort
-    algorithm, whatever numpy or CPU). Rows of a few thousand keys sort in cache, about twice
-    as fast as one stable sort of 64-bit (block, key) pairs over the whole order.
+    algorithm, whatever numpy or CPU), and the low 32 bits of the sorted keys are the
+    permutation. The keys are drawn, sorted in place (the column rides in the key, so no
+    argsort) and turned into positions a few hundred rows at a time, in scratch that stays in
+    cache and is reused; the draws are those of one ``(rows, width)`` call, in order. Only
+    the result is a full-size array.
     """
+    out = np.empty(int(lengths.sum()), dtype=np.int64)
     if lengths.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    width = int(lengths.max())
+        return out
+    rows, width = lengths.size, int(lengths.max())
     col = np.arange(width, dtype=np.uint64)
-    keys = rng.integers(0, 2**32, size=(lengths.size, width), dtype=np.uint64)
-    keys <<= np.uint64(32)
-    keys |= col
-    valid = col[None, :] < lengths.astype(np.uint64)[:, None]
-    keys[~valid] = np.iinfo(np.uint64).max  # padding sorts last in its row, then is dropped
-    within = np.argsort(keys, axis=1)[valid]
-    return np.repeat(np.cumsum(lengths) - lengths, lengths) + within
+    first = np.cumsum(lengths) - lengths
+    per = max(1, _PIECE // width)
+    for r0 in range(0, rows, per):
+        r1 = min(rows, r0 + per)
+        keys = rng.integers(0, 2**32, size=(r1 - r0, width), dtype=np.uint64)
+        keys <<= np.uint64(32)
+        keys |= col
+        size = lengths[r0:r1]
+        pad = None
+        if int(size.min()) < width:  # a short row (the last block of a bucket, mostly)
+            pad = col[None, :] >= size.astype(np.uint64)[:, None]
+            keys[pad] = np.iinfo(np.uint64).max  # sorts last in its row, never read
+        keys.sort(axis=1)
+        keys &= np.uint64(0xFFFFFFFF)  # the column: where the row's sample comes from
+        keys += first[r0:r1].astype(np.uint64)[:, None]
+        idx = keys.view(np.int64)
+        pos = idx.ravel() if pad is None else idx[~pad]
+        a, b = int(first[r0]), int(first[r1 - 1] + size[-1])
+        out[a:b] = values[pos if via is None else via[pos]]
+    return out

@@ -15,16 +15,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from readers.bucket_order import (
+from readers.bucket_keys import (
     KEYS,
+    KeyCodes,
     assign_buckets,
     bucket_batch_sizes,
-    bucket_batches,
     bucket_edges,
+    key_codes,
     key_values,
+    plan_buckets,
 )
+from readers.bucket_order import bucket_batches
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
 from readers.io.hints import resolve_chunk_size
+from readers.mixing import epoch_draws
+from readers.mixture import Mixture, mixture_of
 from readers.order import IntArray, check_nonneg
 from readers.resume import fingerprint, read_sampler_state, sampler_state
 from readers.selection import SizedDataset, dataset_bounds, select_ids
@@ -32,10 +37,12 @@ from readers.selection import SizedDataset, dataset_bounds, select_ids
 __all__ = [
     "KEYS",
     "BucketBatchSampler",
+    "KeyCodes",
     "assign_buckets",
     "bucket_batch_sizes",
     "bucket_batches",
     "bucket_edges",
+    "key_codes",
     "key_values",
 ]
 
@@ -73,6 +80,13 @@ class BucketBatchSampler(RankedEpochs):
         world_size: Number of ranks; default ``paddle.distributed.get_world_size()``.
         indices: A boolean mask over the dataset or an array of ids: sample only these.
         labels: Label values to keep (needs ``dataset.labels``); combined with ``indices``.
+        weights: Over a ``readers.ConcatDataset``: one positive weight per source. Each epoch
+            then buckets ``epoch_samples`` draws, source ``i`` exactly
+            ``round(N * w_i / sum(w))`` of them, drawn as ``ChunkShuffleSampler`` draws them
+            (chunk by chunk, without replacement until a source is used up, passes going on
+            across epochs; :mod:`readers.mixing`). The boundaries stay those of all selected
+            samples; the number of batches then differs from epoch to epoch.
+        epoch_samples: Draws per epoch of such a mixture; default: all selected samples.
     """
 
     def __init__(
@@ -93,6 +107,8 @@ class BucketBatchSampler(RankedEpochs):
         world_size: int | None = None,
         indices: npt.ArrayLike | None = None,
         labels: Iterable[int | str] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
     ) -> None:
         check_nonneg("batch_size", batch_size, 1)
         if chunk_size is not None:
@@ -105,23 +121,27 @@ class BucketBatchSampler(RankedEpochs):
         self._key = key if isinstance(key, str) else "values"
         dataset_bounds(dataset)  # checks shard_bounds against len
         self._ids = select_ids(dataset, indices, labels)  # None: all
-        values = key_values(dataset, key)
-        if self._ids is not None:
-            values = values[self._ids]
-        self._check_known(values)
-        self._edges = bucket_edges(values, buckets)
-        self._bucket = assign_buckets(values, self._edges)
-        self._sizes = bucket_batch_sizes(
-            values,
-            self._bucket,
-            num_buckets=self._edges.size + 1,
+        plan = plan_buckets(
+            dataset,
+            key,
+            ids=self._ids,
+            buckets=buckets,
             batch_size=self.batch_size,
             batch_sizes=batch_sizes,
             scale_batch=scale_batch,
         )
-        counts = np.bincount(self._bucket, minlength=self._edges.size + 1)
-        nb = counts // self._sizes if drop_last else -(-counts // self._sizes)
-        self._counts = counts.astype(np.int64)
+        self._edges, self._bucket, self._sizes = plan.edges, plan.bucket, plan.sizes
+        self._counts = plan.counts
+        self._mix: Mixture | None = None
+        if weights is not None or epoch_samples is not None:
+            self._mix = mixture_of(
+                dataset,
+                ids=self._ids,
+                chunk_size=chunk_size,
+                weights=weights,
+                epoch_samples=epoch_samples,
+            )
+        nb = self._counts // self._sizes if drop_last else -(-self._counts // self._sizes)
         self._setup_epochs(
             rank=rank,
             world_size=world_size,
@@ -129,33 +149,12 @@ class BucketBatchSampler(RankedEpochs):
             chunk_size=resolve_chunk_size(dataset, chunk_size, self._ids),
             shuffle=shuffle,
             drop_last=drop_last,
-            num_ordered=int(nb.sum()),
+            num_ordered=int(nb.sum()),  # without a mixture: the same in every epoch
         )
         self._offset = 0  # where the next pass starts, in batches of this rank's share
         self._done: int | None = None  # batches the latest pass yielded (None: no pass)
         self._cache: tuple[int, IntArray, IntArray, IntArray] | None = None
         self._buckets_crc: int | None = None
-
-    def _check_known(self, values: npt.NDArray[Any]) -> None:
-        """Refuse samples whose key the index does not know (-1) or that is not finite."""
-        floats = not np.issubdtype(values.dtype, np.integer)
-        if self._key == "values":
-            if not floats or bool(np.all(np.isfinite(values))):
-                return
-            unknown = ~np.isfinite(values)
-        else:
-            if values.size == 0 or (values.min() > 0 and (not floats or np.isfinite(values.max()))):
-                return
-            unknown = values <= 0  # the index writes -1 for a size it does not know
-            if floats:
-                unknown |= ~np.isfinite(values)
-        bad = np.flatnonzero(unknown)
-        ids = bad if self._ids is None else self._ids[bad]
-        raise ValueError(
-            f"{bad.size} selected samples have no {self._key} in the index (ids "
-            f"{ids[:5].tolist()}{' ...' if bad.size > 5 else ''}); leave them out with "
-            "indices=, or pass key=<an array of one value per sample>"
-        )
 
     # ------------------------------------------------------------------ properties
     @property
@@ -174,9 +173,23 @@ class BucketBatchSampler(RankedEpochs):
         return [int(c) for c in self._counts]
 
     @property
+    def mixture(self) -> Mixture | None:
+        """The weighted mixture of a ConcatDataset's sources, or None without one."""
+        return self._mix
+
+    @property
     def num_batches(self) -> int:
-        """Batches of an epoch over all ranks (before padding or dropping)."""
-        return self._num_ordered
+        """Batches of the current epoch over all ranks (before padding or dropping)."""
+        return self._batches_in(self._epoch)
+
+    def _batches_in(self, epoch: int) -> int:
+        """Batches of ``epoch`` over all ranks: the same in every epoch without a mixture."""
+        if self._mix is None:
+            return self._num_ordered
+        return int(self.epoch_batches(epoch)[2].size)
+
+    def _units_now(self) -> int:
+        return self._batches_in(self._epoch) if self._rest is None else int(self._rest.size)
 
     @property
     def start_batch(self) -> int:
@@ -200,9 +213,20 @@ class BucketBatchSampler(RankedEpochs):
         """The epoch's global batches, ``(flat, bounds, batch_bucket)`` (`bucket_batches`)."""
         epoch = self._epoch if epoch is None else int(epoch)
         if self._cache is None or self._cache[0] != epoch:
+            members, bucket_of = self._ids, self._bucket
+            if self._mix is not None:  # this epoch's draws, and their buckets
+                members = epoch_draws(
+                    self._mix.sources,
+                    self._mix.counts,
+                    seed=self._seed,
+                    epoch=epoch,
+                    shuffle=self._shuffle,
+                )
+                at = members if self._ids is None else np.searchsorted(self._ids, members)
+                bucket_of = self._bucket[at]
             flat, bounds, bucket = bucket_batches(
-                self._ids,
-                self._bucket,
+                members,
+                bucket_of,
                 batch_sizes=self._sizes,
                 chunk_size=self._chunk_size,
                 window=self._window,
@@ -217,7 +241,7 @@ class BucketBatchSampler(RankedEpochs):
     def rank_order(self, epoch: int | None = None) -> IntArray:
         """The numbers of this rank's batches in ``epoch`` (into `epoch_batches`), in order."""
         epoch = self._epoch if epoch is None else int(epoch)
-        return self._share_of(np.arange(self._num_ordered, dtype=np.int64), epoch)
+        return self._share_of(np.arange(self._batches_in(epoch), dtype=np.int64), epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
         return self._batches(self._epoch, self._offset)
@@ -236,7 +260,7 @@ class BucketBatchSampler(RankedEpochs):
     def _params(self) -> dict[str, Any]:
         if self._buckets_crc is None:
             self._buckets_crc = fingerprint(self._bucket, self._ids)
-        return self._order_params() | {
+        params = self._order_params() | {
             "window": self._window,
             "key": self._key,
             "boundaries": self._edges.tolist(),
@@ -245,9 +269,10 @@ class BucketBatchSampler(RankedEpochs):
             "buckets_crc32": self._buckets_crc,
             "records_crc32": self._dataset_crc32(self._dataset),
         }
+        return params if self._mix is None else params | self._mix.params()
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
-        """The resume state (version 2, plain JSON; format in :mod:`readers.resume`).
+        """The resume state (version 3, plain JSON; format in :mod:`readers.resume`).
 
         Args:
             consumed_batches: Batches of this rank's share the model consumed in the current
@@ -281,12 +306,15 @@ class BucketBatchSampler(RankedEpochs):
             ValueError: the state is incomplete, of another sampler class or dataset, or was
                 saved with other parameters (key, boundaries, batch sizes, seed, ...).
         """
+        epoch, units = state.get("epoch"), self._num_ordered
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
+            units = self._batches_in(epoch)  # a mixture's epochs differ in length
         r = read_sampler_state(
             state,
             self._params(),
             kind="BucketBatchSampler",
             world_size=self._world_size,
-            num_units=self._num_ordered,
+            num_units=units,
             drop_last=self._drop_last,
         )
         self._set_history(r.epoch, r.history, r.rest)

@@ -4,8 +4,10 @@ Pure functions of the epoch's length, the world sizes and what each run consumed
 I/O.
 
 **Elastic resume, for any sampler whose epoch is one global order split over ranks.** An epoch
-is a global order of ``n`` *units* (samples for the chunked samplers and ``ShardStream``,
-batches for the bucket sampler), and rank ``r`` of ``N`` takes the contiguous slice
+is a global order of ``n`` *units* (samples for the chunked samplers and ``ShardStream``;
+batches for the bucket sampler, and whole mixed batches for ``mix="batch"``, so that the
+consumed part and the rest are whole batches that each hold the per-source counts), and
+rank ``r`` of ``N`` takes the contiguous slice
 ``readers.order.split_for_rank`` gives it (padded by repeating the order from its start, or
 with the last ``n % N`` units dropped, as ``drop_last`` says). A run that stops after each
 rank consumed the first ``k`` units of its share (or, for ``ShardStream``, the samples its

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from readers.order import IntArray, check_nonneg, chunk_order, rank_share, rank_span
 from readers.resume import Segment, fingerprint, resume_share
 from readers.selection import dataset_records_crc32
@@ -55,6 +57,7 @@ class RankedEpochs:
     _shuffle: bool
     _drop_last: bool
     _num_ordered: int
+    _unit: int
     _epoch: int
     _fingerprint: int | None
     _records_crc32: int | None
@@ -71,14 +74,22 @@ class RankedEpochs:
         shuffle: bool,
         drop_last: bool,
         num_ordered: int,
+        unit: int = 1,
     ) -> None:
+        """Set the split's parameters; ``unit`` samples make one unit of the split.
+
+        ``unit`` is 1 (ranks split samples), or the batch size of a ``mix="batch"`` mixture
+        (ranks split whole batches; ``num_ordered`` is then a multiple of it).
+        """
         check_nonneg("seed", seed)
+        check_nonneg("unit", unit, 1)
         self._rank, self._world_size = check_rank(rank, world_size)
         self._seed = int(seed)
         self._chunk_size = int(chunk_size)
         self._shuffle = bool(shuffle)
         self._drop_last = bool(drop_last)
         self._num_ordered = int(num_ordered)
+        self._unit = int(unit)
         self._epoch = 0
         self._fingerprint = None
         self._records_crc32 = -1  # not computed yet; None: the dataset has no record CRCs
@@ -112,17 +123,20 @@ class RankedEpochs:
 
     def _units_now(self) -> int:
         """Units of the current epoch's order the ranks split: all, or the rest after history."""
-        return self._num_ordered if self._rest is None else int(self._rest.size)
+        return self._num_ordered // self._unit if self._rest is None else int(self._rest.size)
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch (every rank the same)."""
+        """Samples this rank yields in the current epoch (every rank the same).
+
+        After an elastic load, those of its share of the rest.
+        """
         start, stop = rank_span(
             self._units_now(),
             rank=self._rank,
             world_size=self._world_size,
             drop_last=self._drop_last,
         )
-        return stop - start
+        return (stop - start) * self._unit
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next pass yields; a new epoch starts at 0."""
@@ -138,15 +152,30 @@ class RankedEpochs:
         self._history, self._rest = tuple(history), rest
 
     def _share_of(self, order: IntArray, epoch: int) -> IntArray:
-        """This rank's share of `epoch`'s global `order` (of units), after any elastic resume."""
+        """This rank's share of `epoch`'s global `order`, after any elastic resume.
+
+        ``order`` holds ``num_ordered`` samples; with a ``unit`` above 1 the ranks split its
+        whole units (``order[u * unit : (u + 1) * unit]`` is unit ``u``).
+        """
         rest = self._rest if epoch == self._epoch else None
-        return resume_share(
-            order,
+        if self._unit == 1:
+            return resume_share(
+                order,
+                rest=rest,
+                rank=self._rank,
+                world_size=self._world_size,
+                drop_last=self._drop_last,
+            )
+        units = resume_share(
+            np.arange(order.size // self._unit, dtype=np.int64),
             rest=rest,
             rank=self._rank,
             world_size=self._world_size,
             drop_last=self._drop_last,
         )
+        pos = units[:, None] * self._unit + np.arange(self._unit, dtype=np.int64)
+        share: IntArray = order[pos.ravel()]
+        return share
 
     def _rank_share(
         self, bounds: IntArray, *, epoch: int, window: int, ids: IntArray | None = None

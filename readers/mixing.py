@@ -62,6 +62,7 @@ __all__ = [
     "batch_order",
     "check_weights",
     "draws",
+    "epoch_draws",
     "epoch_order",
     "mix_counts",
     "pass_order",
@@ -230,6 +231,28 @@ def draws(
         pieces.append(ids)
         starts.append(start)
     return np.concatenate(pieces), np.concatenate(starts)
+
+
+def epoch_draws(
+    sources: Sequence[MixSource], counts: IntArray, *, seed: int, epoch: int, shuffle: bool = True
+) -> IntArray:
+    """Every source's `draws` of ``epoch`` in global ids, grouped by source and by pass.
+
+    Ids are ascending inside a pass, so an order that arranges the draws itself (the bucket
+    sampler's chunks) reads neighbours together, and a sample drawn twice in one epoch (in two
+    passes) sits in two places.
+
+    Returns:
+        ``sum(counts)`` global ids (int64).
+    """
+    out = [np.zeros(0, dtype=np.int64)]
+    for i, (src, c) in enumerate(zip(sources, counts.tolist(), strict=True)):
+        ids, _ = draws(src, count=int(c), seed=seed, source=i, epoch=epoch, shuffle=shuffle)
+        if ids.size:
+            pass_ = (int(epoch) * int(c) + np.arange(ids.size, dtype=np.int64)) // src.size
+            ids = ids[np.lexsort((ids, pass_))]
+        out.append(ids + src.offset)
+    return np.concatenate(out)
 
 
 def _block_shuffle(

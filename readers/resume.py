@@ -13,18 +13,46 @@ order are re-exported here: `rest_positions`, `resume_share`, and the versioned 
 `sampler_state` and `read_sampler_state`. A sampler calls ``read_sampler_state`` in
 ``load_state_dict``, keeps the returned ``history`` and ``rest``, and takes
 ``resume_share(global_order, rest=rest, ...)`` as its rank's share of that epoch. Positions in
-a state count units of this rank's share *since the last change of world size* (from the
-epoch's start when the size never changed); after an elastic load they start again at 0.
+a state count this rank's share *since the last change of world size* (from the epoch's start
+when the size never changed); after an elastic load they start again at 0.
 
-**Sampler state, version 2** (plain JSON; version 1, written before elastic resume, still
-loads: it is a version 2 state without ``kind``, ``history`` and ``records_crc32``)::
+**Sampler state, version 3** (plain JSON)::
 
-    {"version": 2, "kind": "ChunkShuffleSampler", "epoch": 3,
+    {"version": 3, "kind": "ChunkShuffleSampler", "epoch": 3,
      "world_size": 8,          # ranks of the run that saved it
-     "position": 1536,         # units of every rank's share consumed (samples; bucket: batches)
+     "position": 1536,         # of every rank's share consumed (samples; bucket: batches)
      "history": [{"world_size": 2, "position": 40}],   # earlier stretches, oldest first
      "seed": 0, "chunk_size": 64, "shuffle": true, "drop_last": false, "window": 8,
      "num_selected": 100000, "selection_crc32": 123, "records_crc32": 456, ...}
+
+A weighted mixture adds ``weights``, ``epoch_samples``, ``mix``, ``mix_batch_size`` (the batch
+size with ``mix="batch"``, else null), ``chunk_sizes`` and ``source_sizes`` (per source); a
+bucket sampler adds ``key``, ``boundaries``, ``batch_sizes`` and ``buckets_crc32`` (and the
+mixture's keys with ``weights=``: its epochs then differ in length, and a state is read
+against the batches of its own epoch).
+
+*Units.* Ranks split an epoch's global order by units: samples (chunked sampler, mixed
+sampler with ``mix="epoch"``, ``ShardStream``) or batches (``BucketBatchSampler``, and the
+mixed sampler with ``mix="batch"``, whose every batch holds the per-source counts). Positions
+count samples for ``ChunkShuffleSampler`` (``mix="batch"`` included) and batches for
+``BucketBatchSampler``. A ``mix="batch"`` state therefore converts its positions to batches
+of ``mix_batch_size``: at another world size its position and every history position must
+be whole batches (``ChunkShuffleBatchSampler.state_dict(consumed_batches=k)`` always is;
+a position inside a batch resumes only at the saved world size and is refused elsewhere,
+saying so). The consumed part is then a set of whole mixed batches, and the rest is whole
+mixed batches too, split over the new ranks by batches.
+
+*Versions.* Version 3 (since mix="batch" resumes elastically) has the layout of version 2;
+what changed is that a ``mix="batch"`` state may carry a ``history`` counted as above, which
+code that reads only version 2 would split by samples, so it must refuse it: every sampler
+state is written as version 3. Versions 2 and 1 still load: a version 2 state means the same as
+version 3 (its ``mix="batch"`` states never carry a history), and version 1, written before
+elastic resume, is a version 2 state without ``kind``, ``history`` and ``records_crc32``.
+
+*Refusals.* A state is refused, with a message naming each parameter that differs (saved
+value, current value), when it belongs to another class, another dataset (``records_crc32``,
+``num_selected``, ``selection_crc32``, ``source_sizes``, ``buckets_crc32`` ...: reported
+first, as "of another dataset", with what the difference means), or other order parameters.
 
 ``ShardStream`` states (version 2, ``"kind": "ShardStream"``, :mod:`readers.stream_resume`)
 record ``consumed_batches`` with the loader's ``batch_size``, ``num_workers`` and
@@ -40,6 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from readers.elastic import (
     ConsumedInShare,
@@ -53,7 +82,9 @@ from readers.order import IntArray, check_nonneg
 
 __all__ = [
     "ADDED_IN_2",
+    "SAMPLER_READABLE",
     "SAMPLER_STATE_VERSION",
+    "STREAM_READABLE",
     "ConsumedInShare",
     "SamplerResume",
     "Segment",
@@ -70,8 +101,9 @@ __all__ = [
     "unconsumed_positions",
 ]
 
-SAMPLER_STATE_VERSION = 2
-_READABLE = (1, 2)
+SAMPLER_STATE_VERSION = 3
+SAMPLER_READABLE = (1, 2, 3)
+STREAM_READABLE = (1, 2)
 ADDED_IN_2 = {"records_crc32"}  # parameters a version 1 state does not record
 
 # Parameters that describe the dataset rather than the order: a mismatch in one of them means
@@ -83,11 +115,12 @@ _DATASET_PARAMS = {
     "shards_crc32": "another shard layout",
     "selection_crc32": "another shard layout or selection of samples",
     "buckets_crc32": "other bucket members (key values or boundaries)",
+    "source_sizes": "other sources, or another selection of them",
 }
 
 
-def fingerprint(*arrays: IntArray | None) -> int:
-    """CRC-32 of int64 arrays (None skipped): tells layouts and selections apart."""
+def fingerprint(*arrays: npt.NDArray[np.integer[Any]] | None) -> int:
+    """CRC-32 of integer arrays as int64 (None skipped): tells layouts and selections apart."""
     crc = 0
     for arr in arrays:
         if arr is not None:
@@ -158,18 +191,20 @@ def rest_after(
     return base[keep]
 
 
-def check_version(state: dict[str, Any], *, kind: str, what: str) -> int:
-    """The version of `state`, checked to be readable and saved by a `kind` (`what` names it).
+def check_version(
+    state: dict[str, Any], *, kind: str, what: str, readable: Sequence[int] = SAMPLER_READABLE
+) -> int:
+    """The version of `state`, checked to be `readable` and saved by a `kind` (`what` names it).
 
     Raises:
         ValueError: the version is not readable, or another class saved the state.
     """
     version = state["version"]
     saved_kind = state.get("kind", "ChunkShuffleSampler" if version == 1 else None)
-    if version not in _READABLE:
+    if version not in readable:
         raise ValueError(
             f"{what} state version {version!r} is not supported (this version reads "
-            f"{', '.join(map(str, _READABLE))})"
+            f"{', '.join(map(str, readable))})"
         )
     if saved_kind != kind:
         raise ValueError(
@@ -206,7 +241,7 @@ def sampler_state(
     history: Sequence[Segment],
     params: dict[str, Any],
 ) -> dict[str, Any]:
-    """A version 2 sampler state (see the module docstring): plain JSON types only."""
+    """A sampler state of `SAMPLER_STATE_VERSION` (module docstring): plain JSON types only."""
     state = {
         "version": SAMPLER_STATE_VERSION,
         "kind": kind,
@@ -226,20 +261,25 @@ def read_sampler_state(
     world_size: int,
     num_units: int,
     drop_last: bool,
+    unit: int = 1,
 ) -> SamplerResume:
     """The resume point of a saved sampler state, checked against the sampler's parameters.
 
     Args:
-        state: As saved by `sampler_state` (or a version 1 state).
+        state: As saved by `sampler_state` (or a version 1 or 2 state).
         params: The sampler's parameters (all but the world size), compared with the state's.
         kind: The sampler class's name; a state of another class is refused.
         world_size: Ranks now; another than the saved one is an elastic resume.
         num_units: Units in the epoch's global order (the same for every epoch).
         drop_last: The sampler's ``drop_last``.
+        unit: Positions the state counts per unit: 1, or the batch size of a ``mix="batch"``
+            mixture, whose state counts samples while ranks split whole batches. A change of
+            world size then needs a position of whole batches.
 
     Raises:
         ValueError: the state is incomplete, of another version or class, of another dataset,
-            saved with other parameters, or its position lies beyond a rank's share.
+            saved with other parameters, its position lies beyond a rank's share, or (with
+            ``unit > 1``) inside a batch at a change of world size.
     """
     check_complete(state, {"version", "epoch", "position", "world_size"}, what="sampler")
     version = check_version(state, kind=kind, what="sampler")
@@ -256,17 +296,34 @@ def read_sampler_state(
     check_nonneg("position", position)
     check_nonneg("world_size", saved_size, 1)
     history = saved_history(state, stream=False)
-    rest = rest_positions(num_units, history, drop_last=drop_last)
+    for seg in history:
+        _check_whole_units(seg.position, unit, seg.world_size, "a history entry's position")
+    rest = rest_positions(
+        num_units, history, drop_last=drop_last, consumed_of=lambda seg: seg.position // unit
+    )
     left = num_units if rest is None else rest.size
     length = rank_length(left, int(saved_size), drop_last)
-    if position > length:
+    if position > length * unit:
         raise ValueError(
-            f"saved position {position} exceeds a rank's {length} units (world size {saved_size})"
+            f"saved position {position} exceeds a rank's {length * unit} "
+            f"{'units' if unit == 1 else 'samples'} (world size {saved_size})"
         )
     if saved_size == world_size or position == 0:
         return SamplerResume(
             int(epoch), int(position) if saved_size == world_size else 0, history, rest
         )
+    _check_whole_units(int(position), unit, int(saved_size), "the saved position")
     seg = Segment(int(saved_size), int(position))
-    rest = rest_after(seg, rest, left, drop_last=drop_last, consumed=seg.position)
+    rest = rest_after(seg, rest, left, drop_last=drop_last, consumed=seg.position // unit)
     return SamplerResume(int(epoch), 0, (*history, seg), rest)
+
+
+def _check_whole_units(position: int, unit: int, saved_size: int, what: str) -> None:
+    """Refuse a position inside a unit (a mix="batch" batch) where ranks re-split the rest."""
+    if position % unit:
+        raise ValueError(
+            f"cannot resume at another world size: {what} ({position} samples, saved with "
+            f"world_size={saved_size}) falls inside a mixed batch of {unit}; with mix='batch' "
+            f"ranks split whole batches, so save state_dict(consumed_batches=k) (or a multiple "
+            f"of {unit} samples), or resume at world_size={saved_size}"
+        )

@@ -82,8 +82,11 @@ class ChunkShuffleSampler(RankedEpochs):
     Elastic resume: a state saved with ``N`` ranks loads into a sampler built with ``M``; the
     rest of the epoch is then the samples no rank had consumed, split over the ``M`` ranks
     (padded by repetition, or with fewer than ``M`` dropped under ``drop_last``; see
-    :mod:`readers.resume`). Positions then count from the resume point: `start_position` is
-    0, ``len()`` is this rank's share of the rest.
+    :mod:`readers.resume`). With ``mix="batch"`` the units are whole mixed batches: the state
+    must be saved at a batch boundary (``ChunkShuffleBatchSampler.state_dict(consumed_batches=
+    k)``), the rest is the mixed batches no rank had consumed, and every batch after the
+    resume still holds the per-source counts. Positions then count from the resume point:
+    `start_position` is 0, ``len()`` is this rank's share of the rest.
 
     Args:
         dataset: Sized; optional ``shard_bounds``, ``labels`` and ``prefetch(start, stop)``.
@@ -164,6 +167,7 @@ class ChunkShuffleSampler(RankedEpochs):
                 if self._mix is None
                 else self._mix.num_ordered
             ),
+            unit=1 if self._mix is None else self._mix.split_unit or 1,
         )
         self._dataset = dataset  # for the records' fingerprint of a resume state
         prefetch = getattr(dataset, "prefetch", None)
@@ -186,12 +190,6 @@ class ChunkShuffleSampler(RankedEpochs):
     def mixture(self) -> Mixture | None:
         """The weighted mixture of a ConcatDataset's sources, or None without one."""
         return self._mix
-
-    def __len__(self) -> int:
-        """Samples this rank yields per epoch (every rank the same)."""
-        if self._mix is None:
-            return super().__len__()
-        return self._mix.rank_length(world_size=self._world_size, drop_last=self._drop_last)
 
     @property
     def start_position(self) -> int:
@@ -294,7 +292,7 @@ class ChunkShuffleSampler(RankedEpochs):
     def state_dict(self, consumed_samples: int | None = None) -> dict[str, Any]:
         """The resume state: epoch, position in this rank's share, and the order parameters.
 
-        The format (version 2, plain JSON) is in :mod:`readers.resume`.
+        The format (version 3, plain JSON) is in :mod:`readers.resume`.
 
         Args:
             consumed_samples: Samples of this rank's share the model consumed in the current
@@ -333,21 +331,14 @@ class ChunkShuffleSampler(RankedEpochs):
                 or was saved with other order parameters (the order would differ, so resuming
                 would repeat some samples and skip others).
         """
-        saved_size = state.get("world_size", self._world_size)
-        mixed_batches = self._mix is not None and self._mix.split_unit is not None
-        if mixed_batches and saved_size != self._world_size:
-            raise ValueError(
-                f"cannot resume a mix='batch' state saved with world_size={saved_size} at "
-                f"world_size={self._world_size}: resume it at the saved world size, or "
-                "use mix='epoch' (which resumes on any number of ranks)"
-            )
         r = read_sampler_state(
             state,
             self._params(),
             kind="ChunkShuffleSampler",
             world_size=self._world_size,
-            num_units=self._num_ordered,
+            num_units=self._num_ordered // self._unit,
             drop_last=self._drop_last,
+            unit=self._unit,
         )
         self._set_history(r.epoch, r.history, r.rest)
         self._offset = r.position

@@ -25,6 +25,7 @@ from readers.elastic import (
 from readers.order import IntArray, check_nonneg, loader_batches, worker_counts
 from readers.resume import (
     ADDED_IN_2,
+    STREAM_READABLE,
     check_complete,
     check_saved_params,
     check_version,
@@ -196,7 +197,7 @@ def read_stream_state(
     """
     keys = ("epoch", "consumed_batches", "batch_size", "num_workers", "drop_last_batch")
     check_complete(state, {"version", "kind", "world_size", *keys}, what="stream")
-    version = check_version(state, kind="ShardStream", what="stream")
+    version = check_version(state, kind="ShardStream", what="stream", readable=STREAM_READABLE)
     required = set(params) - (ADDED_IN_2 if version == 1 else set())
     check_complete(state, required, what="stream")
     check_saved_params(

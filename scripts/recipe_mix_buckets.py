@@ -1,6 +1,10 @@
-"""Recipe: PaddleOCR-style training on a synthetic and a real dataset together, in width buckets,
-under ``paddle.distributed.launch``; interrupted mid-epoch and resumed on another number of
-processes (GPUs), with a check that the epoch saw every sample once.
+"""Recipe: PaddleOCR-style training on a synthetic and a real dataset mixed by ratio, in width
+buckets, under ``paddle.distributed.launch``; interrupted mid-epoch and resumed on another
+number of processes (GPUs), with a check that the epoch saw every drawn sample once.
+
+Each epoch reads half of the synthetic set and all of the real one (PaddleOCR's
+``ratio_list: [0.5, 1.0]``): the sampler draws exactly 150 + 120 samples, the next epoch the
+other half of the synthetic set, and buckets them by the index's widths.
 
 Runs on the CPU build of paddle (gloo). The steps, from the repository root::
 
@@ -8,7 +12,7 @@ Runs on the CPU build of paddle (gloo). The steps, from the repository root::
     python -m paddle.distributed.launch --nproc_per_node 2 --log_dir /tmp/recipe/log \\
         scripts/recipe_mix_buckets.py train /tmp/recipe --stop-after 4    # 2 ranks, 4 steps
     python scripts/recipe_mix_buckets.py train /tmp/recipe --resume       # 1 process: the rest
-    python scripts/recipe_mix_buckets.py check /tmp/recipe                # every sample once
+    python scripts/recipe_mix_buckets.py check /tmp/recipe                # every draw once
 
 On GPUs the same ``train`` command runs under ``--gpus 0,1,...`` (or ``--devices``); resume
 with any other count, for example ``--nproc_per_node 3`` for the second command.
@@ -30,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 HEIGHT = 32
 BATCH = 8  # samples per batch in the widest bucket (scale_batch: narrower buckets hold more)
+RATIO_LIST = (0.5, 1.0)  # PaddleOCR's ratio_list: the part of each dataset read per epoch
 
 
 # ------------------------------------------------------------------ data
@@ -75,32 +80,30 @@ def make_data(root: Path) -> None:
 
 def open_mix(root: Path) -> Any:
     """The two datasets as one: ids 0..299 synthetic, 300..419 real."""
-    from readers import open_dataset
+    from readers import ConcatDataset, open_dataset
 
-    parts = [open_dataset(root / "synth.lmdb"), open_dataset(root / "real.rec")]
-    try:
-        from readers.concat import ConcatDataset  # h7's readers.ConcatDataset, once merged
-    except ImportError:
-        return _Concat(parts)
-    return ConcatDataset(parts)
+    return ConcatDataset([open_dataset(root / "synth.lmdb"), open_dataset(root / "real.rec")])
 
 
-class _Concat:
-    """Stand-in for ``readers.ConcatDataset`` until it is merged: ``datasets``, ``offsets``,
-    ``shard_bounds``, ``len`` and ``ds[i]``, which is all the samplers use."""
+def make_sampler(ds: Any) -> Any:
+    """Width buckets over each epoch's draws: ``RATIO_LIST[i]`` of source ``i``, exactly."""
+    from readers import BucketBatchSampler
 
-    def __init__(self, datasets: list[Any]) -> None:
-        self.datasets = datasets
-        self.offsets = np.concatenate([[0], np.cumsum([len(d) for d in datasets])]).astype(int)
-        bounds = [d.shard_bounds + o for d, o in zip(datasets, self.offsets, strict=False)]
-        self.shard_bounds = np.unique(np.concatenate(bounds))
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def __getitem__(self, i: int) -> Any:
-        part = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        return self.datasets[part][i - int(self.offsets[part])]
+    # PaddleOCR's ratio_list as weights: source i gives ratio_i * len_i samples per epoch.
+    sizes = np.diff(ds.offsets)
+    weights = [r * int(n) for r, n in zip(RATIO_LIST, sizes, strict=True)]
+    # 4 quantile buckets of the widths in the index (no decode); narrow buckets hold more
+    # lines so that batch x width stays about constant (multi-scale OCR).
+    return BucketBatchSampler(
+        ds,
+        BATCH,
+        key="width",
+        buckets=4,
+        scale_batch=True,
+        seed=0,
+        weights=weights,
+        epoch_samples=round(sum(weights)),
+    )
 
 
 class WithIds:
@@ -137,17 +140,11 @@ def train(root: Path, *, stop_after: int | None, resume: bool, epoch: int) -> No
     import paddle
     import paddle.distributed as dist
 
-    from readers import BucketBatchSampler
-
     world, rank = dist.get_world_size(), dist.get_rank()
     if world > 1:
         dist.init_parallel_env()
     ds = open_mix(root)
-    # Width buckets from the index (no decode): 4 quantile buckets of the mixed widths; narrow
-    # buckets hold more lines so that batch x width stays about constant (multi-scale OCR).
-    # Weights: once h7's weighted mixing is merged, the synthetic:real ratio is set here
-    # (e.g. weights=[1, 3], epoch_samples=...) on the sampler that draws the epoch.
-    sampler = BucketBatchSampler(ds, BATCH, key="width", buckets=4, scale_batch=True, seed=0)
+    sampler = make_sampler(ds)
     ckpt = root / "ckpt.json"
     model = paddle.nn.Sequential(
         paddle.nn.Conv2D(3, 8, 3, padding=1),
@@ -197,16 +194,24 @@ def train(root: Path, *, stop_after: int | None, resume: bool, epoch: int) -> No
 
 
 def check(root: Path) -> None:
-    """The first run and the resumed one together saw every sample, none twice but padding."""
+    """The first run and the resumed one together saw every sample the epoch drew, none twice
+    but padding (a rank's share repeats batches from the start when they do not divide)."""
     ds = open_mix(root)
-    counts: Counter[int] = Counter()
+    sampler = make_sampler(ds)
+    sampler.set_epoch(json.loads((root / "ckpt.json").read_text())["sampler"]["epoch"])
+    drawn = Counter(sampler.epoch_batches()[0].tolist())  # the epoch, for all ranks together
+    seen: Counter[int] = Counter()
     for path in sorted((root / "seen").glob("*.json")):
         ids = json.loads(path.read_text())
-        counts.update(ids)
+        seen.update(ids)
         print(f"{path.name}: {len(ids)} samples")
-    missing = sorted(set(range(len(ds))) - set(counts))
-    twice = sorted(i for i, c in counts.items() if c > 1)
-    print(f"{len(counts)} of {len(ds)} samples seen; missing {missing}; repeated {len(twice)}")
+    missing = sorted((drawn - seen).elements())
+    extra = (seen - drawn).total()
+    synth = sum(c for i, c in drawn.items() if i < int(ds.offsets[1]))
+    print(
+        f"{(drawn & seen).total()} of {drawn.total()} drawn samples seen ({synth} synthetic, "
+        f"{drawn.total() - synth} real); missing {missing}; repeated {extra} (padding)"
+    )
     if missing:
         raise SystemExit("the resumed epoch missed samples")
 

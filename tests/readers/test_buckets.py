@@ -14,14 +14,16 @@ import cv2
 import numpy as np
 import pytest
 
-from readers import LmdbDataset, RecordIODataset
+from readers import ConcatDataset, LmdbDataset, RecordIODataset, bucket_order
 from readers.buckets import (
     BucketBatchSampler,
     assign_buckets,
     bucket_batch_sizes,
     bucket_edges,
+    key_codes,
     key_values,
 )
+from readers.mixing import epoch_draws, mix_counts
 from tests.conftest import build_packed
 from tests.readers.test_order import EPOCHS, SEEDS, WORLD_SIZES
 
@@ -122,6 +124,141 @@ def test_per_bucket_batch_sizes() -> None:
         bucket_batch_sizes(values, bucket, batch_sizes=[1] * 4, scale_batch=True, **kw)
     with pytest.raises(ValueError, match=">= 1"):
         bucket_batch_sizes(values, bucket, batch_sizes=[1, 0, 1, 1], **kw)
+
+
+# ------------------------------------------------------------------ the coded fast path
+
+
+def sized(n: int, heights: tuple[int, ...], seed: int) -> WidthDataset:
+    """A WidthDataset whose heights are drawn from `heights`."""
+    ds = WidthDataset(n, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    ds.index.extra["height"] = rng.choice(np.array(heights, dtype=np.int64), n)
+    return ds
+
+
+@pytest.mark.parametrize("key", ["width", "height", "aspect"])
+@pytest.mark.parametrize(
+    ("heights", "every", "buckets"),
+    [
+        ((32,), 1, 16),
+        ((17, 32, 48, 64), 1, 7),
+        ((1, 2, 3, 40), 3, 5),
+        ((32,), 2, [0.5, 4.0, 9.25]),
+    ],
+)
+def test_coded_keys_give_what_the_plain_values_give(
+    key: str, heights: tuple[int, ...], every: int, buckets: Any
+) -> None:
+    """`key_codes` (one count and one table lookup per sample) against the plain path on the
+    same values as floats (a partition and a binary search per sample): the same values bit
+    for bit, boundaries, buckets, batch sizes and epochs."""
+    ds = sized(2000, heights, seed=len(heights))
+    ids = np.arange(0, 2000, every) if every > 1 else None
+    values = key_values(ds, key).astype(np.float64)
+    assert key_codes(ds, values) is None, "a float array takes the plain path"
+    coded = key_codes(ds, key, ids)
+    assert coded is not None
+    picked = values if ids is None else values[ids]
+    np.testing.assert_array_equal(coded.table[coded.codes], picked)  # bit for bit
+    if key == "height" and not isinstance(buckets, int):
+        buckets = [20.0, 40.0]
+    for scale in (False, True):
+        kw: dict[str, Any] = {"buckets": buckets, "scale_batch": scale, "indices": ids, "seed": 4}
+        fast, plain = make(ds, key=key, **kw), make(ds, key=values, **kw)
+        assert fast.boundaries == plain.boundaries
+        assert fast.bucket_counts == plain.bucket_counts
+        assert fast.batch_sizes == plain.batch_sizes
+        fast.set_epoch(3)
+        plain.set_epoch(3)
+        assert list(fast) == list(plain)
+
+
+def test_coded_keys_fall_back_and_refuse_as_the_plain_path() -> None:
+    ds = sized(500, (32, 64), seed=1)
+    assert key_codes(ds, "aspect") is not None
+    ds.index.extra["width"][::50] = 3_000_000  # a table far larger than the samples
+    assert key_codes(ds, "aspect") is None
+    assert key_codes(ds, "width") is None
+    aspect = ds.index.extra["width"] / ds.index.extra["height"]
+    s = make(ds, key="aspect", buckets=4)
+    assert s.boundaries == make(ds, key=aspect, buckets=4).boundaries
+    for b in s:
+        assert len(set(np.searchsorted(s.boundaries, aspect[b], "right").tolist())) == 1
+    bad = sized(500, (32, 64), seed=1)
+    bad.index.extra["height"][[7, 9]] = -1  # the index does not know them
+    assert key_codes(bad, "aspect") is not None
+    with pytest.raises(
+        ValueError, match=r"2 selected samples have no aspect in the index \(ids \[7, 9\]"
+    ):
+        make(bad, key="aspect")
+    make(bad, key="aspect", indices=np.setdiff1d(np.arange(500), [7, 9]))  # left out: fine
+
+
+def test_coded_quantiles_see_only_the_values_samples_hold() -> None:
+    """The aspect table holds every (width, height) pair of the ranges, most held by no
+    sample: here its smallest entry (16 / 32) is held by none, and the smallest held value
+    (16 / 17) by 30% of the samples, so it is a quantile and no boundary."""
+    ds = WidthDataset(1000, seed=3)
+    width, height = ds.index.extra["width"], ds.index.extra["height"]
+    height[:] = np.where(width >= 200, 32, 17)
+    width[:300], height[:300] = 16, 17
+    values = key_values(ds, "aspect")
+    fast, plain = make(ds, key="aspect", buckets=8), make(ds, key=values, buckets=8)
+    assert fast.boundaries == plain.boundaries
+    assert fast.boundaries[0] > 16 / 17
+    assert fast.bucket_counts == plain.bucket_counts
+    assert min(fast.bucket_counts) > 0, "no empty bucket"
+
+
+def ref_shuffle_blocks(values: np.ndarray, lengths: np.ndarray, seed: int) -> np.ndarray:
+    """The in-block shuffle written plainly: one (rows, width) draw of 32-bit keys, each row
+    argsorted by (key, column), padding last."""
+    rng = np.random.default_rng(seed)
+    width = int(lengths.max())
+    keys = rng.integers(0, 2**32, size=(lengths.size, width), dtype=np.uint64)
+    out, start = [], 0
+    for row, size in zip(keys.tolist(), lengths.tolist(), strict=True):
+        cols = sorted(range(size), key=lambda c: (row[c], c))
+        out += [values[start + c] for c in cols]
+        start += size
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1 << 19])
+def test_block_shuffle_and_runs_equal_plain_references(
+    piece: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the scratch pieces: the same permutation as the plain reference (and the
+    same generator state after it), and the runs of `_runs` / `_gather_runs`."""
+    monkeypatch.setattr(bucket_order, "_PIECE", piece)
+    rng = np.random.default_rng(9)
+    for lengths in ([5], [3, 3, 3], [4, 1, 4, 2, 4], [1] * 9, [6, 0, 6]):
+        size = np.array(lengths, dtype=np.int64)
+        size = size[size > 0]  # blocks are never empty
+        values = rng.permutation(int(size.sum()) * 3)[: int(size.sum())].astype(np.int64)
+        gen = np.random.default_rng(5)
+        got = bucket_order._shuffle_blocks(values, size, gen)
+        np.testing.assert_array_equal(got, ref_shuffle_blocks(values, size, 5))
+        after = np.random.default_rng(5)
+        after.integers(0, 2**32, size=(size.size, int(size.max())), dtype=np.uint64)
+        assert gen.random() == after.random(), "the draws of one (rows, width) call"
+        via = rng.permutation(values.size)
+        gen = np.random.default_rng(5)
+        np.testing.assert_array_equal(
+            bucket_order._shuffle_blocks(values, size, gen, via=via),
+            ref_shuffle_blocks(values[via], size, 5),
+        )
+    starts = np.array([10, 0, 40, 7, 3], dtype=np.int64)
+    lens = np.array([3, 0, 2, 1, 4], dtype=np.int64)
+    plain = np.concatenate([np.arange(a, a + n) for a, n in zip(starts, lens, strict=True)])
+    np.testing.assert_array_equal(bucket_order._runs(starts, lens), plain)
+    table = np.arange(100, 150, dtype=np.int64)
+    outer = np.arange(200, dtype=np.int64)[::-1].copy()
+    np.testing.assert_array_equal(bucket_order._gather_runs(table, starts, lens), table[plain])
+    np.testing.assert_array_equal(
+        bucket_order._gather_runs(table, starts, lens, outer), outer[table[plain]]
+    )
 
 
 # ------------------------------------------------------------------ invariants
@@ -240,6 +377,77 @@ def test_selection_and_labels() -> None:
     assert s.boundaries == bucket_edges(ds.width[keep], 4).tolist()
 
 
+# ------------------------------------------------------------------ weighted mixture
+
+
+def two_sources() -> Any:
+    """A ConcatDataset of 120 + 60 samples with widths and heights in their indexes."""
+    return ConcatDataset([WidthDataset(120, seed=1), WidthDataset(60, seed=2)])
+
+
+@pytest.mark.parametrize(("weights", "n"), [((1, 1), 180), ((1, 2), 150), ((5, 1), 37)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_weighted_buckets_over_seeds_epochs_and_ranks(
+    weights: tuple[float, ...], n: int, drop_last: bool
+) -> None:
+    """Each epoch buckets exactly the mixture's draws (source i: round(N w_i / sum w)), every
+    batch of one bucket; the epoch is one list of batches split into equal rank shares;
+    deterministic for (seed, epoch); len() follows the epoch (its draws fill the buckets)."""
+    ds = two_sources()
+    width = key_values(ds, "width")
+    counts = mix_counts(n, weights)
+    lengths = set()
+    for seed, epoch in itertools.product(SEEDS, EPOCHS):
+        kw: dict[str, Any] = {"weights": weights, "epoch_samples": n, "seed": seed}
+        kw |= {"drop_last": drop_last, "scale_batch": True}
+        probe = make(ds, **kw)
+        probe.set_epoch(epoch)
+        flat, bounds, batch_bucket = probe.epoch_batches()
+        mixture = probe.mixture
+        assert mixture is not None
+        draws = epoch_draws(mixture.sources, counts, seed=seed, epoch=epoch)
+        if drop_last:
+            assert Counter(flat.tolist()) <= Counter(draws.tolist())
+            assert draws.size - flat.size < sum(probe.batch_sizes)
+        else:
+            assert sorted(flat.tolist()) == sorted(draws.tolist()), "exactly the draws"
+            assert np.bincount(flat >= 120, minlength=2).tolist() == counts.tolist()
+        edges = np.asarray(probe.boundaries)
+        for j in range(batch_bucket.size):
+            batch = flat[bounds[j] : bounds[j + 1]]
+            assert set(np.searchsorted(edges, width[batch], "right").tolist()) == {batch_bucket[j]}
+        lengths.add(probe.num_batches)
+        for world in WORLD_SIZES:
+            shares = []
+            for rank in range(world):
+                s = make(ds, rank=rank, world_size=world, **kw)
+                s.set_epoch(epoch)
+                shares.append(list(s))
+                assert len(s) == len(shares[-1])
+            assert len({len(x) for x in shares}) == 1, "every rank the same number of batches"
+            joined = [b for share in shares for b in share]
+            ref = [flat[bounds[j] : bounds[j + 1]].tolist() for j in range(batch_bucket.size)]
+            want = len(joined)
+            assert joined == (ref * (world + 1))[:want], "contiguous slices of one list"
+    assert len(lengths) > 1, "the number of batches follows the epoch's draws"
+
+
+def test_weighted_buckets_need_a_concat_and_good_weights() -> None:
+    with pytest.raises(ValueError, match=r"mix the sources of a readers\.ConcatDataset"):
+        make(WidthDataset(), weights=[1])
+    with pytest.raises(ValueError, match=r"one entry per source \(2 sources\), got 3"):
+        make(two_sources(), weights=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"weights\[0\] is 0"):
+        make(two_sources(), weights=[0, 2])
+    with pytest.raises(ValueError, match="epoch_samples must be an integer >= 1, got 0"):
+        make(two_sources(), weights=[1, 2], epoch_samples=0)
+    state = make(two_sources(), weights=[1, 2], epoch_samples=90).state_dict(consumed_batches=1)
+    with pytest.raises(ValueError, match=r"weights: saved \[1.0, 2.0\], now \[2.0, 1.0\]"):
+        make(two_sources(), weights=[2, 1], epoch_samples=90).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"epoch_samples: saved 90, now 91"):
+        make(two_sources(), weights=[1, 2], epoch_samples=91).load_state_dict(state)
+
+
 # ------------------------------------------------------------------ resume
 
 
@@ -331,39 +539,6 @@ def width_of(image: np.ndarray) -> np.ndarray:
     return np.array([image.shape[1]], dtype=np.int64)
 
 
-class Concat:
-    """A stand-in for readers.ConcatDataset (``datasets``, ``offsets``, ``shard_bounds``)."""
-
-    def __init__(self, datasets: list[Any]) -> None:
-        self.datasets = datasets
-        sizes = [len(d) for d in datasets]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.shard_bounds = np.unique(
-            np.concatenate(
-                [d.shard_bounds + o for d, o in zip(datasets, self.offsets, strict=False)]
-            )
-        )
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def __getitem__(self, i: int) -> Any:
-        part = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        return self.datasets[part][i - int(self.offsets[part])]
-
-
-try:  # the real one, where it exists (h7's readers/concat.py)
-    from readers.concat import ConcatDataset as _Real
-
-    def concat(datasets: list[Any]) -> Any:
-        return _Real(datasets)
-
-except ImportError:
-
-    def concat(datasets: list[Any]) -> Any:
-        return Concat(datasets)
-
-
 def test_widths_come_from_the_index_without_reading_records(
     lines: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -388,7 +563,7 @@ def test_packed_datasets_and_a_concatenation_through_a_dataloader(lines: dict[st
         LmdbDataset(lines["lmdb"], transform=width_of),
         RecordIODataset(lines["recordio"], transform=width_of),
     ]
-    cases = [(parts[0], None), (parts[1], None), (concat(parts), [0, 37, 60])]
+    cases = [(parts[0], None), (parts[1], None), (ConcatDataset(parts), [0, 37, 60])]
     for ds, offsets in cases:
         if offsets is not None:
             assert np.asarray(ds.offsets).tolist() == offsets
@@ -411,3 +586,38 @@ def test_packed_datasets_and_a_concatenation_through_a_dataloader(lines: dict[st
                     assert len(set(bucket.tolist())) == 1
                     seen += ids
             assert set(seen) == set(range(len(ds)))
+
+
+def test_a_weighted_mixture_of_packed_datasets_through_a_dataloader(
+    lines: dict[str, Path],
+) -> None:
+    """PaddleOCR's ratio_list with width buckets: each epoch buckets exactly 20 draws of the
+    LMDB set and 40 of the RecordIO one (23 samples: some twice); decoded widths agree."""
+    paddle = pytest.importorskip("paddle")
+    ds = ConcatDataset(
+        [
+            LmdbDataset(lines["lmdb"], transform=width_of),
+            RecordIODataset(lines["recordio"], transform=width_of),
+        ]
+    )
+    widths = key_values(ds, "width")
+    for epoch in (0, 1):
+        seen: Counter[int] = Counter()
+        for rank in range(2):
+            s = BucketBatchSampler(
+                ds, 5, buckets=3, seed=3, rank=rank, world_size=2, weights=[1, 2], epoch_samples=60
+            )
+            s.set_epoch(epoch)
+            expected = list(s)
+            loader = paddle.io.DataLoader(ds, batch_sampler=s, num_workers=2)
+            assert len(loader) == len(expected) == len(s)
+            for ids, (got_w, _) in zip(expected, loader, strict=True):
+                got = got_w.numpy()[:, 0]
+                assert got.tolist() == widths[ids].tolist()
+                assert len(set(np.searchsorted(s.boundaries, got, side="right").tolist())) == 1
+                seen.update(ids)
+        flat = s.epoch_batches()[0]
+        assert Counter(flat.tolist()) <= seen, "every draw of the epoch, padding aside"
+        assert np.bincount(flat >= 37, minlength=2).tolist() == [20, 40]
+        # 40 draws of 23 cover a whole pass: every one, some twice or three times
+        assert set(flat[flat >= 37].tolist()) == set(range(37, 60))

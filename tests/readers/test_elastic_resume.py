@@ -12,7 +12,7 @@ import json
 import pickle
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +23,7 @@ import pytest
 import readers.stream as stream_mod
 from readers.buckets import BucketBatchSampler
 from readers.concat import ConcatDataset
+from readers.mixing import mix_counts
 from readers.resume import rest_positions, unconsumed_positions
 from readers.samplers import ChunkShuffleBatchSampler, ChunkShuffleSampler
 from readers.stream import ShardStream
@@ -39,8 +40,11 @@ class IdDataset:
     """A map-style dataset whose items name their id, with an index of record CRCs and widths
     (what a packed dataset exposes to samplers); `salt` changes the records' CRCs."""
 
-    def __init__(self, n: int = N_SAMPLES, bounds: list[int] | None = None, salt: int = 0) -> None:
+    def __init__(
+        self, n: int = N_SAMPLES, bounds: list[int] | None = None, salt: int = 0, base: int = 0
+    ) -> None:
         rng = np.random.default_rng(salt)
+        self.base = base  # items name base + id: the global id when this is a source of a concat
         self.shard_bounds = np.asarray(bounds or BOUNDS, dtype=np.int64)
         self.n = n
         widths = (16 + (np.arange(n) * 37) % 300).astype(np.int64)
@@ -55,7 +59,7 @@ class IdDataset:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[int, int]:
-        return int(i), 0
+        return self.base + int(i), 0
 
 
 # ------------------------------------------------------------------ one entry per sampler kind
@@ -66,15 +70,23 @@ class Kind:
     """How the generic tests build, run and save one kind of sampler.
 
     ``run`` yields one rank's units of a pass, each a list of ids (a sample, a batch); ``save``
-    is the state after ``k`` units; ``slack(M)`` bounds the ids ``drop_last`` may leave out
-    of the rest (the split's remainder and the short batches).
+    is the state after ``k`` units; ``planned`` is this rank's share of the epoch as ids and
+    ``total`` the samples of the epoch's global order (so the ranks' shares joined and cut to
+    ``total`` are the global order); ``slack(M)`` bounds the ids ``drop_last`` may leave out of
+    the rest (the split's remainder and the short batches) and ``pad(M)`` the ids padding may
+    repeat; ``batches``: ``len()`` counts units, else samples; ``check_unit`` checks each unit
+    after a resume (the per-source counts of a mix="batch" batch).
     """
 
     make: Callable[..., Any]
     run: Callable[[Any, pytest.MonkeyPatch], list[list[int]]]
     save: Callable[[Any, int], dict[str, Any]]
     planned: Callable[[Any], list[int]]
+    total: Callable[[Any], int]
     slack: Callable[[int], int]
+    pad: Callable[[int], int]
+    batches: bool = False
+    check_unit: Callable[[list[int]], None] | None = None
 
 
 def _stream_units(stream: ShardStream, mp: pytest.MonkeyPatch, workers: int = 2) -> list[Any]:
@@ -89,6 +101,13 @@ def _stream_units(stream: ShardStream, mp: pytest.MonkeyPatch, workers: int = 2)
 
 
 STREAM_LOADER = SimpleNamespace(batch_size=5, num_workers=2, drop_last=False)
+
+
+def len_of_stream(s: ShardStream) -> int:
+    """Samples of the stream's global order (an epoch, for all ranks)."""
+    return len(s.dataset) if s.mixture is None else s.mixture.num_ordered
+
+
 KW: dict[str, Any] = {"seed": 3, "chunk_size": 8}
 
 KINDS: dict[str, Kind] = {
@@ -99,7 +118,9 @@ KINDS: dict[str, Kind] = {
         run=lambda s, mp: [[i] for i in s],
         save=lambda s, k: s.state_dict(consumed_samples=k),
         planned=lambda s: s.rank_order().tolist(),
+        total=lambda s: s.num_selected,
         slack=lambda m: m - 1,
+        pad=lambda m: m - 1,
     ),
     "chunk-batches": Kind(
         make=lambda rank, world, drop: ChunkShuffleBatchSampler(
@@ -108,7 +129,10 @@ KINDS: dict[str, Kind] = {
         run=lambda s, mp: list(s),
         save=lambda s, k: s.state_dict(consumed_batches=k),
         planned=lambda s: s.sampler.rank_order().tolist(),
+        total=lambda s: s.sampler.num_selected,
         slack=lambda m: (m - 1) + m * 6,
+        pad=lambda m: m - 1,
+        batches=True,
     ),
     "bucket": Kind(
         make=lambda rank, world, drop: BucketBatchSampler(
@@ -124,7 +148,10 @@ KINDS: dict[str, Kind] = {
         run=lambda s, mp: list(s),
         save=lambda s, k: s.state_dict(consumed_batches=k),
         planned=lambda s: [i for b in s.rank_order().tolist() for i in _batch(s, b)],
+        total=lambda s: int(s.epoch_batches()[0].size),
         slack=lambda m: (m - 1) * 60,
+        pad=lambda m: (m - 1) * 60,
+        batches=True,
     ),
     "stream": Kind(
         make=lambda rank, world, drop: ShardStream(
@@ -133,7 +160,9 @@ KINDS: dict[str, Kind] = {
         run=_stream_units,
         save=lambda s, k: s.state_dict(consumed_batches=k, loader=STREAM_LOADER),
         planned=lambda s: s.rank_order().tolist(),
+        total=len_of_stream,
         slack=lambda m: m - 1,
+        pad=lambda m: m - 1,
     ),
     "mixed": Kind(  # weighted mixing (mix="epoch"): 120 + 60 draws, one whole pass of each
         make=lambda rank, world, drop: ChunkShuffleSampler(
@@ -149,14 +178,111 @@ KINDS: dict[str, Kind] = {
         run=lambda s, mp: [[i] for i in s],
         save=lambda s, k: s.state_dict(consumed_samples=k),
         planned=lambda s: s.rank_order().tolist(),
+        total=lambda s: s.num_selected,
         slack=lambda m: m - 1,
+        pad=lambda m: m - 1,
+    ),
+    "mixed-batch": Kind(  # mix="batch": 30 batches of 4 + 2, ranks split whole batches
+        make=lambda rank, world, drop: ChunkShuffleBatchSampler(
+            _mixed(),
+            batch_size=6,
+            weights=[2, 1],
+            mix="batch",
+            epoch_samples=180,
+            window=2,
+            rank=rank,
+            world_size=world,
+            drop_last=drop,
+            **KW,
+        ),
+        run=lambda s, mp: list(s),
+        save=lambda s, k: s.state_dict(consumed_batches=k),
+        planned=lambda s: s.sampler.rank_order().tolist(),
+        total=lambda s: s.sampler.num_selected,
+        slack=lambda m: (m - 1) * 6,
+        pad=lambda m: (m - 1) * 6,
+        batches=True,
+        check_unit=lambda batch: _check_composition(batch, [4, 2]),
+    ),
+    "mixed-stream": Kind(  # ShardStream over two datasets, weights 2:1 (mix="epoch")
+        make=lambda rank, world, drop: _mixed_stream(rank, world, drop),
+        run=_stream_units,
+        save=lambda s, k: s.state_dict(consumed_batches=k, loader=STREAM_LOADER),
+        planned=lambda s: s.rank_order().tolist(),
+        total=len_of_stream,
+        slack=lambda m: m - 1,
+        pad=lambda m: m - 1,
+    ),
+    "mixed-bucket": Kind(  # width buckets over weighted draws: 50 of 120, 100 of 60 (repeats)
+        make=lambda rank, world, drop: _mixed_bucket(rank, world, drop),
+        run=lambda s, mp: list(s),
+        save=lambda s, k: s.state_dict(consumed_batches=k),
+        planned=lambda s: [i for b in s.rank_order().tolist() for i in _batch(s, b)],
+        total=lambda s: int(s.epoch_batches()[0].size),
+        slack=lambda m: (m - 1) * 120,
+        pad=lambda m: (m - 1) * 120,
+        batches=True,
+        check_unit=lambda batch: _check_one_bucket(batch),
     ),
 }
 
 
-def _mixed() -> ConcatDataset:
-    """Two sources whose per-epoch draws are whole passes, so no id repeats inside an epoch."""
-    return ConcatDataset([IdDataset(120, [0, 40, 120]), IdDataset(60, [0, 60], salt=1)])
+def _mixed(salt: int = 0) -> ConcatDataset:
+    """Two sources of 120 and 60 samples, items naming their global id; weights 2:1 and 180
+    draws per epoch make an epoch one whole pass of each, so no id repeats inside it."""
+    return ConcatDataset(
+        [IdDataset(120, [0, 40, 120], salt=salt), IdDataset(60, [0, 60], salt=salt + 1, base=120)]
+    )
+
+
+def _mixed_stream(
+    rank: int,
+    world: int,
+    drop: bool,
+    *,
+    weights: tuple[float, ...] = (2, 1),
+    epoch_samples: int = 180,
+    seed: int = 3,
+) -> ShardStream:
+    return ShardStream(
+        _mixed().datasets,
+        weights=list(weights),
+        epoch_samples=epoch_samples,
+        shuffle_buffer=16,
+        chunk_size=8,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+        drop_last=drop,
+    )
+
+
+def _mixed_bucket(rank: int, world: int, drop: bool) -> BucketBatchSampler:
+    return BucketBatchSampler(
+        _mixed(),
+        6,
+        buckets=3,
+        scale_batch=True,
+        weights=[1, 2],
+        epoch_samples=150,
+        rank=rank,
+        world_size=world,
+        drop_last=drop,
+        **KW,
+    )
+
+
+def _check_one_bucket(batch: list[int]) -> None:
+    """A batch of `_mixed_bucket` holds one bucket of the index's widths."""
+    probe = _mixed_bucket(0, 1, False)
+    widths = np.concatenate([d.index.extra["width"] for d in _mixed().datasets])
+    buckets = np.searchsorted(probe.boundaries, widths[batch], side="right")
+    assert len(set(buckets.tolist())) == 1, batch
+
+
+def _check_composition(batch: list[int], counts: list[int]) -> None:
+    """A mix="batch" batch of `_mixed()` holds the per-source counts (ids < 120: source 0)."""
+    assert np.bincount(np.asarray(batch) >= 120, minlength=2).tolist() == counts, batch
 
 
 def _batch(s: BucketBatchSampler, b: int) -> list[int]:
@@ -164,32 +290,65 @@ def _batch(s: BucketBatchSampler, b: int) -> list[int]:
     return flat[bounds[b] : bounds[b + 1]].tolist()
 
 
-def _ranks(kind: Kind, world: int, drop: bool, state: dict[str, Any] | None = None) -> list[Any]:
+def _ranks(
+    kind: Kind,
+    world: int,
+    drop: bool,
+    state: dict[str, Any] | None = None,
+    *,
+    epoch: int = EPOCH,
+) -> list[Any]:
     out = []
     for rank in range(world):
         s = kind.make(rank, world, drop)
-        s.set_epoch(EPOCH)
+        s.set_epoch(epoch)
         if state is not None:
             s.load_state_dict(json.loads(json.dumps(state)))  # states are plain JSON
         out.append(s)
     return out
 
 
+def planned_order(kind: Kind, ranks: list[Any]) -> Counter[int]:
+    """The ids of the epoch's global order the saved run planned (a multiset: a source drawn
+    across two passes in one epoch may give an id twice): the ranks' shares joined, cut to
+    the order's length (padding repeats its start; drop_last plans a prefix)."""
+    joined = [i for s in ranks for i in kind.planned(s)]
+    return Counter(joined[: kind.total(ranks[0])])
+
+
+def consumed_ids(full: list[list[list[int]]], k: int) -> Counter[int]:
+    """The ids the first `k` units of every rank held (a padding copy counts as its id)."""
+    return Counter(i for units in full for unit in units[:k] for i in unit)
+
+
 def check_rest(
-    kind: Kind, expected: set[int], rests: list[list[list[int]]], *, drop: bool, world: int
+    kind: Kind,
+    expected: Counter[int],
+    rests: list[list[list[int]]],
+    resumed: list[Any],
+    *,
+    drop: bool,
+    world: int,
+    pad: int,
 ) -> None:
-    """The resumed ranks yield equal counts of units, exactly the `expected` ids (drop_last:
-    a subset, none twice, within the kind's slack), repeats only as padding."""
+    """The resumed ranks yield equal counts of units, and their `len`; exactly the `expected`
+    ids, as a multiset (drop_last: a part of it, none beyond, within the kind's slack);
+    at most `pad` ids more, as padding; every unit still whole (`check_unit`)."""
     assert len({len(r) for r in rests}) == 1, "every rank yields the same number of units"
-    counts = Counter(i for units in rests for unit in units for i in unit)
-    assert set(counts) <= expected, "nothing consumed before, nothing outside the epoch"
+    for s, units in zip(resumed, rests, strict=True):
+        assert len(s) == (len(units) if kind.batches else sum(len(u) for u in units))
+    got = Counter(i for units in rests for unit in units for i in unit)
+    missing, extra = expected - got, got - expected
     if drop:
-        assert max(counts.values(), default=1) == 1, "none twice"
-        assert len(expected - set(counts)) <= kind.slack(world)
+        assert not extra, "nothing consumed before, nothing twice, nothing outside the epoch"
+        assert missing.total() <= kind.slack(world)
     else:
-        assert set(counts) == expected, "every unconsumed sample"
-        repeated_units = [u for units in rests for u in units if any(counts[i] > 1 for i in u)]
-        assert len(repeated_units) <= 2 * (world - 1), "repeats only as padding"
+        assert not missing, "every unconsumed sample"
+        assert extra.total() <= pad, "repeats only as padding"
+    if kind.check_unit is not None:
+        for units in rests:
+            for unit in units:
+                kind.check_unit(unit)
 
 
 # ------------------------------------------------------------------ invariants, every kind
@@ -202,21 +361,83 @@ def test_elastic_rest_is_exactly_the_unconsumed_samples(
     name: str, saved: int, loaded: int, drop: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kind = KINDS[name]
-    ranks = _ranks(kind, saved, drop)
-    full = [kind.run(s, monkeypatch) for s in ranks]
-    planned = {i for s in ranks for i in kind.planned(s)}
+    run_elastic(kind, saved, loaded, drop, monkeypatch)
+
+
+def run_elastic(
+    kind: Kind,
+    saved: int,
+    loaded: int,
+    drop: bool,
+    mp: pytest.MonkeyPatch,
+    *,
+    epoch: int = EPOCH,
+) -> None:
+    """Save after 0, a third and all of every rank's units at `saved` ranks; load at
+    `loaded`: the same size continues exactly, another yields exactly the rest."""
+    ranks = _ranks(kind, saved, drop, epoch=epoch)
+    full = [kind.run(s, mp) for s in ranks]
+    planned = planned_order(kind, ranks)
+    if kind.check_unit is not None:
+        for unit in (u for units in full for u in units):
+            kind.check_unit(unit)
     for k in sorted({0, len(full[0]) // 3, len(full[0])}):
-        consumed = {i for units in full for unit in units[:k] for i in unit}
-        resumed = _ranks(kind, loaded, drop, kind.save(ranks[0], k))
-        rests = [kind.run(s, monkeypatch) for s in resumed]
+        resumed = _ranks(kind, loaded, drop, kind.save(ranks[0], k), epoch=epoch)
+        rests = [kind.run(s, mp) for s in resumed]
         if saved == loaded:  # the same world size continues every rank exactly
             assert rests == [units[k:] for units in full]
             continue
         if k == 0:  # nothing consumed: a fresh epoch at the new size (its own plan)
-            assert rests == [kind.run(s, monkeypatch) for s in _ranks(kind, loaded, drop)]
+            assert rests == [kind.run(s, mp) for s in _ranks(kind, loaded, drop, epoch=epoch)]
         else:
-            check_rest(kind, planned - consumed, rests, drop=drop, world=loaded)
-        assert all(s.epoch == EPOCH for s in resumed)
+            expected = planned - consumed_ids(full, k)
+            # padding of the new split; and an id consumed on the saved run both as itself
+            # and as its padding copy is counted twice there, though the epoch may hold it
+            # twice (a source drawn across two passes) with one copy left
+            pad = kind.pad(loaded) + kind.pad(saved)
+            check_rest(kind, expected, rests, resumed, drop=drop, world=loaded, pad=pad)
+        assert all(s.epoch == epoch for s in resumed)
+
+
+# (weights, epoch_samples, seed, epoch, whether an id comes twice in the epoch) of a mixed
+# ShardStream over sources of 120 and 60: whole passes; partial passes that cross a pass
+# boundary inside the epoch; a source drawn six times over; uneven weights, few samples.
+MIXED_STREAMS = [
+    ((2, 1), 180, 3, 2, False),
+    ((1, 1), 101, 0, 3, True),
+    ((1, 3), 500, 7, 1, True),
+    ((5, 0.5), 77, 12345, 5, True),
+]
+
+
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize(("saved", "loaded"), list(itertools.product(SIZES, SIZES)))
+@pytest.mark.parametrize(("weights", "epoch_samples", "seed", "epoch", "twice"), MIXED_STREAMS)
+def test_mixed_stream_elastic_over_seeds_epochs_and_weights(
+    weights: tuple[float, ...],
+    epoch_samples: int,
+    seed: int,
+    epoch: int,
+    twice: bool,
+    saved: int,
+    loaded: int,
+    drop: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ShardStream(several datasets, weights=...) N -> M: the rest is exactly the samples no
+    rank's loader had yielded (a multiset), split evenly, as the stream's own plan says."""
+    kind = replace(
+        KINDS["mixed-stream"],
+        make=lambda rank, world, drop: _mixed_stream(
+            rank, world, drop, weights=weights, epoch_samples=epoch_samples, seed=seed
+        ),
+    )
+    probe = kind.make(0, 1, drop)
+    probe.set_epoch(epoch)
+    assert probe.mixture is not None
+    assert probe.mixture.counts.tolist() == mix_counts(epoch_samples, weights).tolist()
+    assert (max(Counter(probe.rank_order().tolist()).values()) > 1) == twice
+    run_elastic(kind, saved, loaded, drop, monkeypatch, epoch=epoch)
 
 
 @pytest.mark.parametrize("name", list(KINDS))
@@ -228,9 +449,9 @@ def test_resume_twice_at_other_sizes(
     first, second, third = sizes
     ranks = _ranks(kind, first, False)
     full = [kind.run(s, monkeypatch) for s in ranks]
-    planned = {i for s in ranks for i in kind.planned(s)}
+    planned = planned_order(kind, ranks)
     k1 = max(1, len(full[0]) // 4)
-    consumed = {i for units in full for unit in units[:k1] for i in unit}
+    consumed = consumed_ids(full, k1)
     middle = _ranks(kind, second, False, kind.save(ranks[0], k1))
     assert all(
         s.start_batch == (k1 if first == second else 0)
@@ -239,7 +460,7 @@ def test_resume_twice_at_other_sizes(
     )
     mid_units = [kind.run(s, monkeypatch) for s in middle]
     k2 = len(mid_units[0]) // 2
-    consumed |= {i for units in mid_units for unit in units[:k2] for i in unit}
+    consumed += consumed_ids(mid_units, k2)
     state = kind.save(middle[0], k2)
     assert len(state["history"]) == (first != second)
     last = _ranks(kind, third, False, state)
@@ -248,7 +469,8 @@ def test_resume_twice_at_other_sizes(
         assert rests == [units[k2:] for units in mid_units]
     else:
         assert len(last[0].history) == 1 + (first != second)
-        check_rest(kind, planned - consumed, rests, drop=False, world=third)
+        pad = kind.pad(first) + kind.pad(second) + kind.pad(third)
+        check_rest(kind, planned - consumed, rests, last, drop=False, world=third, pad=pad)
 
 
 @pytest.mark.parametrize("name", list(KINDS))
@@ -386,6 +608,57 @@ def test_elastic_resume_through_a_paddle_dataloader_with_workers() -> None:
         assert sum(got.values()) - len(got) <= (loaded - 1) * 8, "repeats only as padding"
 
 
+def test_mix_batch_elastic_resume_through_a_paddle_dataloader_with_workers() -> None:
+    """mix="batch" over a ConcatDataset of two paddle datasets: 2 ranks consume 3 batches
+    each through DataLoaders with 2 workers; 3 ranks then read exactly the rest, every batch
+    still 4 + 2 samples of the two sources."""
+    paddle = pytest.importorskip("paddle")
+
+    class Source(paddle.io.Dataset):  # type: ignore[misc,name-defined]
+        def __init__(self, n: int, base: int, source: int) -> None:
+            super().__init__()
+            self.inner = IdDataset(n, [0, n], salt=source, base=base)
+            self.shard_bounds = self.inner.shard_bounds
+            self.index = self.inner.index
+            self.source = source
+
+        def __len__(self) -> int:
+            return self.inner.n
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+            return np.array([self.inner[i][0]]), np.array([self.source])
+
+    ds = ConcatDataset([Source(120, 0, 0), Source(60, 120, 1)])
+
+    def make(rank: int, world: int) -> ChunkShuffleBatchSampler:
+        return ChunkShuffleBatchSampler(
+            ds, batch_size=6, weights=[2, 1], mix="batch", seed=5, rank=rank, world_size=world
+        )
+
+    def batches(sampler: Any, stop: int | None = None) -> list[list[int]]:
+        loader = paddle.io.DataLoader(ds, batch_sampler=sampler, num_workers=2)
+        out = []
+        for j, (ids, source) in enumerate(loader):
+            if stop is not None and j == stop:
+                break
+            assert np.bincount(source.numpy()[:, 0], minlength=2).tolist() == [4, 2]
+            out.append(ids.numpy()[:, 0].tolist())
+        return out
+
+    k = 3
+    saved = [make(r, 2) for r in range(2)]
+    consumed = Counter(i for s in saved for b in batches(s, stop=k) for i in b)
+    state = saved[0].state_dict(consumed_batches=k)
+    resumed = [make(r, 3) for r in range(3)]
+    for s in resumed:
+        s.load_state_dict(json.loads(json.dumps(state)))
+    rests = [batches(s) for s in resumed]
+    assert {len(r) for r in rests} == {len(resumed[0])} == {(30 - 2 * k) // 3}
+    assert consumed.total() == 2 * k * 6
+    got = Counter(i for r in rests for b in r for i in b)
+    assert got == Counter(range(180)) - consumed, "exactly the unconsumed samples, once each"
+
+
 def test_shard_stream_of_a_real_lmdb_resumes_on_fewer_ranks_with_other_workers(
     packed: Path,  # noqa: F811 - the fixture imported above
     truth: dict[str, Any],  # noqa: F811
@@ -419,7 +692,7 @@ def test_shard_stream_of_a_real_lmdb_resumes_on_fewer_ranks_with_other_workers(
 @pytest.mark.slow
 def test_recipe_two_processes_then_one(tmp_path: Path) -> None:
     """scripts/recipe_mix_buckets.py as the README runs it: paddle.distributed.launch with 2
-    CPU processes, interrupted, resumed in 1 process; the epoch sees every sample."""
+    CPU processes, interrupted, resumed in 1 process; the epoch sees every drawn sample."""
     import subprocess
     import sys
 
@@ -442,7 +715,9 @@ def test_recipe_two_processes_then_one(tmp_path: Path) -> None:
     state = json.loads((data / "ckpt.json").read_text())["sampler"]
     assert (state["world_size"], state["position"]) == (2, 3)
     run(script, "train", str(data), "--resume")
-    assert "420 of 420 samples seen; missing []; repeated 0" in run(script, "check", str(data))
+    out = run(script, "check", str(data))
+    # ratio_list [0.5, 1.0] of 300 + 120: 150 + 120 draws, each seen once
+    assert "270 of 270 drawn samples seen (150 synthetic, 120 real); missing []" in out
 
 
 def test_another_epoch_and_back_forgets_the_elastic_rest() -> None:
@@ -459,16 +734,62 @@ def test_another_epoch_and_back_forgets_the_elastic_rest() -> None:
     assert len(s) == len(fresh) == 68
 
 
-def test_mix_batch_state_resumes_only_at_its_world_size() -> None:
-    def make(rank: int, world: int) -> ChunkShuffleBatchSampler:
-        return ChunkShuffleBatchSampler(
-            _mixed(), batch_size=6, weights=[2, 1], mix="batch", rank=rank, world_size=world, **KW
-        )
+def _mix_batch(rank: int, world: int, ds: ConcatDataset | None = None, **kw: Any) -> Any:
+    args: dict[str, Any] = {"weights": [2, 1], "mix": "batch", "epoch_samples": 180} | kw
+    return ChunkShuffleBatchSampler(
+        _mixed() if ds is None else ds, batch_size=6, rank=rank, world_size=world, **KW | args
+    )
 
-    saved = make(0, 2)
+
+def test_mix_batch_state_inside_a_batch_resumes_only_at_its_world_size() -> None:
+    """A position inside a mixed batch (ChunkShuffleSampler's own state) continues at the
+    saved world size; at another it would split a batch, so it is refused saying why."""
+    saved = _mix_batch(0, 2).sampler
     saved.set_epoch(EPOCH)
-    state = saved.state_dict(consumed_batches=3)
-    same = make(1, 2)
-    same.load_state_dict(state)  # the saved world size: fine
-    with pytest.raises(ValueError, match=r"mix='batch' state saved with world_size=2"):
-        make(0, 3).load_state_dict(state)
+    full = list(saved)
+    state = saved.state_dict(consumed_samples=15)
+    assert (state["version"], state["mix"], state["mix_batch_size"]) == (3, "batch", 6)
+    same = _mix_batch(0, 2).sampler
+    same.load_state_dict(state)
+    assert list(same) == full[15:]
+    with pytest.raises(
+        ValueError,
+        match=r"the saved position \(15 samples, saved with "
+        r"world_size=2\) falls inside a mixed batch of 6",
+    ):
+        _mix_batch(0, 3).sampler.load_state_dict(state)
+    whole = _mix_batch(0, 3).sampler
+    whole.load_state_dict(saved.state_dict(consumed_samples=18))  # 3 whole batches: fine
+    assert whole.history[0].position == 18
+    assert len(whole) == -(-(30 - 2 * 3) // 3) * 6
+    bad = saved.state_dict(consumed_samples=18) | {"history": [{"world_size": 4, "position": 5}]}
+    with pytest.raises(ValueError, match=r"a history entry's position \(5 samples"):
+        _mix_batch(0, 2).sampler.load_state_dict(bad)
+
+
+def test_mix_batch_state_of_other_sources_or_mixing_is_refused() -> None:
+    state = _mix_batch(0, 2).state_dict(consumed_batches=2)
+    smaller = ConcatDataset([IdDataset(120, [0, 40, 120]), IdDataset(30, [0, 30], base=120)])
+    with pytest.raises(
+        ValueError,
+        match=r"is of another dataset \(.*source_sizes: saved \[120, 60\], now \[120, 30\] "
+        r"\(other sources, or another selection of them\)",
+    ):
+        _mix_batch(0, 3, smaller, epoch_samples=150).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"different parameters \(mix: saved 'batch', now 'epoch'"):
+        _mix_batch(0, 3, mix="epoch").load_state_dict(state)
+    with pytest.raises(ValueError, match=r"weights: saved \[2.0, 1.0\], now \[1.0, 1.0\]"):
+        _mix_batch(0, 2, weights=[1, 1]).load_state_dict(state)
+
+
+def test_a_version_2_mix_batch_state_loads_at_any_size() -> None:
+    """Version 2 wrote the same layout (its mix="batch" states never had a history); a state
+    of an unknown version is refused naming the versions this one reads."""
+    state = _mix_batch(1, 2).state_dict(consumed_batches=2) | {"version": 2}
+    resumed = _mix_batch(0, 1)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 30 - 2 * 2
+    with pytest.raises(
+        ValueError, match=r"version 4 is not supported \(this version reads 1, 2, 3"
+    ):
+        resumed.load_state_dict(state | {"version": 4})

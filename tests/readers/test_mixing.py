@@ -13,6 +13,7 @@ from readers.mixing import (
     MixSource,
     check_weights,
     draws,
+    epoch_draws,
     mix_counts,
     pass_order,
     rank_share,
@@ -193,6 +194,30 @@ def test_passes_continue_across_epochs_without_replacement(
                 order = Mixture(sources, weights, n).order(e, window=4, seed=seed)
                 mine = np.sort(order[source_of(sources, order) == i]) - src.offset
                 np.testing.assert_array_equal(mine, np.sort(per_epoch[e]))
+
+
+@pytest.mark.parametrize(("layout", "weights", "n"), cases())
+def test_epoch_draws_are_the_draws_grouped_by_source_and_pass(
+    layout: str, weights: tuple[float, ...], n: int
+) -> None:
+    """What the bucket sampler chunks: each source's draws of the epoch, pass by pass, ids
+    ascending inside a pass (so a sample drawn in two passes sits in two places)."""
+    sources = make_sources(layout)
+    counts = mix_counts(n, weights)
+    for seed, epoch in itertools.product(SEEDS, EPOCHS):
+        got = epoch_draws(sources, counts, seed=seed, epoch=epoch)
+        pos = 0
+        for i, (src, c) in enumerate(zip(sources, counts.tolist(), strict=True)):
+            mine = got[pos : pos + c] - src.offset
+            pos += c
+            ids, _ = draws(src, count=c, seed=seed, source=i, epoch=epoch, shuffle=True)
+            first, m = epoch * c, src.size
+            expected = []
+            for p in range(first // m, (first + c - 1) // m + 1) if c else []:
+                taken = ids[max(p * m - first, 0) : min((p + 1) * m - first, c)]
+                expected += sorted(taken.tolist())
+            assert mine.tolist() == expected
+        assert pos == got.size == n
 
 
 def test_passes_differ_per_source_and_epoch() -> None:
