@@ -190,7 +190,7 @@ class RecordIODataset(ShardedDataset):
         if self._remote is None or self._ends is None:
             return self._handle(shard), int(self.offsets[i])
         begin, end = int(self.offsets[i]), int(self._ends[i])
-        return self._remote.cache.read(shard, begin, end), 0
+        return self._remote.cache.locate(shard, begin, end)
 
     def _check_remote(self, i: int, shard: int, image: Any, problem: str | None) -> None:
         """Check a record read by range against the index; name the object on a mismatch."""

@@ -38,6 +38,8 @@ __all__ = [
     "RemoteObjects",
     "RemoteReadError",
     "credentials_error",
+    "is_retryable",
+    "is_throttled",
 ]
 
 ATTEMPTS = 4
@@ -71,11 +73,13 @@ def _expired(exc: BaseException) -> bool:
     return any(word in text for word in ("expiredtoken", "expired", "invalidaccesskeyid", "token"))
 
 
-def _throttled(exc: BaseException) -> bool:
+def is_throttled(exc: BaseException) -> bool:
+    """Whether `exc` is the store throttling requests (HTTP 503 SlowDown)."""
     return (isinstance(exc, OSError) and exc.errno == errno.EBUSY) or "SlowDown" in str(exc)
 
 
-def _retryable(exc: BaseException) -> bool:
+def is_retryable(exc: BaseException) -> bool:
+    """Whether `exc` is a transfer fault worth another attempt (a lost connection, a short body)."""
     if isinstance(exc, PermissionError | FileNotFoundError):
         return False
     if isinstance(exc, ConnectionError | TimeoutError | EOFError):
@@ -205,7 +209,7 @@ class RemoteObjects:
                     "(or re-upload the dataset)"
                 ) from exc
             except Exception as exc:
-                if _throttled(exc):
+                if is_throttled(exc):
                     # The client backed off already (s3fs and botocore by default: 25 requests
                     # over about 45 s); more attempts here would only multiply that.
                     raise RemoteReadError(
@@ -213,7 +217,7 @@ class RemoteObjects:
                         f"requests (HTTP 503 SlowDown) through the client's retries ({exc}); "
                         "read with fewer DataLoader workers or ranks, or retry later"
                     ) from exc
-                if not _retryable(exc):
+                if not is_retryable(exc):
                     self.check_unchanged(shard, f"a read of bytes {begin}..{end} failed ({exc})")
                     raise RemoteReadError(
                         f"{obj.url}: bytes {begin}..{end} could not be read ({exc!r})"
@@ -311,12 +315,24 @@ class RangeCache:
         Raises:
             ReaderError: as `RemoteObjects.read` (a failed fetch ahead is retried here once).
         """
+        data, at = self.locate(shard, begin, end)
+        return data if at == 0 and len(data) == end - begin else data[at : at + end - begin]
+
+    def locate(self, shard: int, begin: int, end: int) -> tuple[bytes, int]:
+        """A buffer holding bytes ``[begin, end)`` of `shard`, and where they start in it.
+
+        A range inside one fetched block is served from the block itself, without a copy; one
+        that spans blocks is joined from the parts it needs of them; any other is one GET.
+
+        Raises:
+            ReaderError: as `RemoteObjects.read` (a failed fetch ahead is retried here once).
+        """
         first = begin // BLOCK_BYTES
         last = self._last  # the block read last: most reads of a run fall in it
         if last is not None and last[0] == shard and last[1] == first:
             at = begin - first * BLOCK_BYTES
-            if at + end - begin <= len(last[2]) and (end - 1) // BLOCK_BYTES == first:
-                return last[2][at : at + end - begin]
+            if at + end - begin <= len(last[2]):
+                return last[2], at
         self._forked()
         keys = [(shard, b) for b in range(first, (end - 1) // BLOCK_BYTES + 1)]
         with self._lock:
@@ -326,14 +342,22 @@ class RangeCache:
                     self._blocks.move_to_end(key)
         if all(f is not None and not f.cancelled() for f in futures):
             try:
-                data = b"".join(f.result() for f in futures if f is not None)
+                blocks = [f.result() for f in futures if f is not None]
             except (ReaderError, CancelledError):
                 with self._lock:  # read it alone below; the error repeats there if it lasts
                     for key in keys:
                         self._blocks.pop(key, None)
             else:
-                if len(keys) == 1:
-                    self._last = (shard, first, data)
                 at = begin - first * BLOCK_BYTES
-                return data[at : at + end - begin]
-        return self._fetch(shard, begin, end)
+                if len(blocks) == 1:
+                    self._last = (shard, first, blocks[0])
+                    if at + end - begin <= len(blocks[0]):
+                        return blocks[0], at
+                else:  # only the parts of the blocks that the range covers
+                    parts = [blocks[0][at:]]
+                    parts.extend(blocks[1:-1])
+                    parts.append(blocks[-1][: end - (first + len(blocks) - 1) * BLOCK_BYTES])
+                    joined = b"".join(parts)
+                    if len(joined) == end - begin:
+                        return joined, 0
+        return self._fetch(shard, begin, end), 0
