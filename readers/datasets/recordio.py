@@ -32,9 +32,13 @@ from readers.formats.recordio.bare import (
 )
 from readers.index import DatasetIndex
 from readers.io import handles
+from readers.io.hints import CHUNK_BYTES
 
 RUNS_AHEAD = 8
-"""Runs (chunks, about 1 MB each by default) a stream announces ahead of a ranged read."""
+"""Runs (chunks) a stream announces ahead of a ranged read: at most 8 x `REMOTE_CHUNK_BYTES`."""
+REMOTE_CHUNK_BYTES = 8 << 20
+"""Stored bytes per default chunk of a dataset read by ranged GETs (``chunk_bytes``): a chunk
+is one GET, as large as `readers.io.ranges.PIECE_BYTES` (on disk 1 MiB, ``CHUNK_BYTES``)."""
 
 
 def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> None:
@@ -155,6 +159,15 @@ class RecordIODataset(ShardedDataset):
             self._ends = record_ends(self.offsets, self.shard_bounds, remote.sizes)
         except DatasetFormatError as exc:
             raise DatasetFormatError(f"{url}: {exc}") from None
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Stored bytes per default chunk (`readers.io.hints.resolve_chunk_size`).
+
+        Larger for a dataset in object storage, so that a chunk of a shuffled order is one
+        large ranged GET (fewer requests, each priced and each with its latency).
+        """
+        return REMOTE_CHUNK_BYTES if self._remote is not None else CHUNK_BYTES
 
     @property
     def prefetch_runs(self) -> int:
