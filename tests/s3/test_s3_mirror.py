@@ -125,3 +125,30 @@ def test_a_single_object_is_not_a_source(
     url, files = source
     with pytest.raises(RemoteSourceError, match="one object, not a prefix"):
         mirror_source(url + sorted(files)[0], tmp_path / "m")
+
+
+def test_a_source_of_another_fsspec_protocol_builds_the_same_dataset(tmp_path: Path) -> None:
+    """``memory://`` (a filesystem without an event loop): the same mirror, the same dataset."""
+    import fsspec
+    from typer.testing import CliRunner
+
+    from packer.cli import app
+    from tests.conftest import build_packed
+
+    files = write_tree(tmp_path / "src", {"cat": 3, "dog": 2}, seed=9)
+    fs = fsspec.filesystem("memory")
+    for rel, data in files.items():
+        fs.pipe_file(f"/h20src/{rel}", data)
+    try:
+        assert mirror_source("memory://h20src", tmp_path / "m") == 5
+        assert tree(tmp_path / "m") == {str(k): v for k, v in files.items()}
+        out = tmp_path / "out.recordio"
+        done = CliRunner().invoke(
+            app, ["build", "memory://h20src", str(out), "-f", "recordio", "--workers", "1"]
+        )
+        assert done.exit_code == 0, done.output
+        local = build_packed(tmp_path / "src", tmp_path / "local.recordio", "recordio")
+        for name in ("shard-00000.rec", "index.jsonl"):
+            assert (out / name).read_bytes() == (local / name).read_bytes()
+    finally:
+        fs.rm("/h20src", recursive=True)

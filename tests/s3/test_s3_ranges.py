@@ -169,6 +169,27 @@ def test_queued_neighbours_are_one_get_and_far_ranges_their_own(
         assert images == [image for image, _ in want[:6]]
 
 
+def test_the_first_gets_ramp_up_and_records_across_their_cuts_are_joined(
+    uploaded: tuple[Path, str], endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold cache fetches 100, 200, 400, ... bytes: cuts fall inside records, none is lost."""
+    monkeypatch.setattr(ranges, "FIRST_BYTES", 100)
+    out, url = uploaded
+    ds = open_remote(url, endpoint)
+    cache = ds._remote.cache
+    n = int(ds.shard_bounds[1])
+    records = [(0, int(ds.offsets[i]), int(ds._ends[i])) for i in range(n)]
+    cache.prefetch([(0, records[0][1], records[-1][2])])  # shard 0 as one hinted range
+    got = [cache.read(*r) for r in records]
+    images = [bytes(unpack_image_record(read_record_at(b, 0)[0])[2]) for b in got]
+    assert images == [image for image, _ in local_items(out)[:n]]
+    size, cuts, step = records[-1][2], 0, 100
+    while size > step:  # 100 + 200 + 400 + ... then the rest: one GET each, none alone
+        size, cuts, step = size - step, cuts + 1, step * 2
+    assert cuts >= 3
+    assert cache.gets == cuts + 1
+
+
 def test_a_shuffled_share_fetches_only_the_bytes_it_reads(
     uploaded: tuple[Path, str], endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
