@@ -16,6 +16,8 @@ ratio the same run measures what a minimal client gets from the same server: pre
 - ``build.ceiling``: GETs of the same small objects, 16 in flight (objects/s), and the best
   ratio a download at that rate allows: (local build + objects / rate) / local build.
 
+A stream pass is timed from a stream opened beforehand (as a training job opens it once); each
+pass opens a new one, so that nothing of the previous pass is kept (``s3_open_s``: the open).
 CPU seconds of the server (``/proc``) and the client are given per pass, per object and per MB.
 Prints one JSON object with medians of ``--repeats`` passes (``--build-repeats`` builds).
 """
@@ -129,16 +131,22 @@ def write_images(dst: Path, count: int, *, size: int = 64) -> int:
     return total
 
 
-def stream_pass(source: str | Path, epoch: int, *, verify_crc: bool = False) -> int:
-    """One full pass of ``ShardStream(source, decode="bytes")``; the image bytes read.
+def open_stream(source: str | Path, epoch: int, *, verify_crc: bool = False) -> Any:
+    """``ShardStream(source, decode="bytes")`` for `epoch`, opened (index read, objects noted).
 
     With `verify_crc`, the local dataset checks every record's CRC-32, as one read by range does.
+    A new stream per pass: a dataset read by range starts with no bytes kept, as in a
+    DataLoader worker (a fresh process each epoch).
     """
     from readers import RecordIODataset, ShardStream
 
     opened: Any = RecordIODataset(source, decode="bytes", verify_crc=True) if verify_crc else source
-    stream = ShardStream(opened, decode="bytes", seed=epoch)
-    return sum(len(image) for image, _ in stream)
+    return ShardStream(opened, decode="bytes", seed=epoch)
+
+
+def stream_pass(source: str | Path, epoch: int) -> int:
+    """One full pass of a new stream over `source`; the image bytes read."""
+    return sum(len(image) for image, _ in open_stream(source, epoch))
 
 
 def build_cli(src: str, out: str | Path) -> None:
@@ -218,17 +226,23 @@ def bench_stream(
         "s3": [],
         "ceiling": [],
     }
+    opens: list[float] = []
     for epoch in range(args.repeats):
         eprint(f"stream pass {epoch + 1}/{args.repeats}: local, local with CRC checks, S3, ceiling")
-        for name, step in (
-            ("local", lambda e=epoch: stream_pass(local, e)),
-            ("local_crc", lambda e=epoch: stream_pass(local, e, verify_crc=True)),
-            ("s3", lambda e=epoch: stream_pass(url, e)),
-            ("ceiling", lambda: minimal.get_all(jobs)),
+        for name, source, crc in (
+            ("local", local, False),
+            ("local_crc", local, True),
+            ("s3", url, False),
         ):
-            got, seconds = meter(step)
-            assert got == (shard_bytes if name == "ceiling" else nbytes), (name, got)
+            stream, opened = meter(lambda s=source, c=crc, e=epoch: open_stream(s, e, verify_crc=c))
+            if name == "s3":
+                opens.append(opened["wall"])
+            got, seconds = meter(lambda st=stream: sum(len(image) for image, _ in st))
+            assert got == nbytes, (name, got)
             runs[name].append(seconds)
+        got, seconds = meter(lambda: minimal.get_all(jobs))
+        assert got == shard_bytes
+        runs["ceiling"].append(seconds)
     med = {name: median_of(r) for name, r in runs.items()}
     mbps = {name: nbytes / m["wall"] / 1e6 for name, m in med.items() if name != "ceiling"}
     mbps["ceiling"] = shard_bytes / med["ceiling"]["wall"] / 1e6
@@ -247,15 +261,14 @@ def bench_stream(
         "s3_server_cpu_ms_per_MB": round(med["s3"]["server_cpu"] / mb * 1e3, 2),
         "ceiling_server_cpu_ms_per_MB": round(med["ceiling"]["server_cpu"] / mb * 1e3, 2),
         "s3_range_gets_per_pass": _gets_per_pass(url),
+        "s3_open_s": round(statistics.median(opens), 3),
         "seconds": {k: {m: round(v, 3) for m, v in d.items()} for k, d in med.items()},
     }
 
 
 def _gets_per_pass(url: str) -> int:
     """Ranged GETs one stream pass over `url` makes in this process."""
-    from readers import ShardStream
-
-    stream = ShardStream(url, decode="bytes", seed=0)
+    stream = open_stream(url, 0)
     for _ in stream:
         pass
     return int(stream.dataset._remote.cache.gets)
