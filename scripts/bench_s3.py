@@ -152,14 +152,16 @@ def stream_pass(source: str | Path, epoch: int) -> int:
 def build_cli(src: str, out: str | Path) -> None:
     """``packer build SRC OUT --format recordio --workers 1 --overwrite``."""
     cmd = [sys.executable, "-m", "packer.cli", "build", src, str(out), "-f", "recordio"]
-    subprocess.run(
+    done = subprocess.run(
         [*cmd, "--workers", "1", "--overwrite"],
-        check=True,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    if done.returncode:
+        raise RuntimeError(f"packer build {src} failed:\n{done.stderr[-3000:]}")
 
 
 class MinimalClient:
