@@ -7,7 +7,8 @@
 Targets (issue 20): ShardStream from S3 >= 0.7x the local stream's throughput; the s3:// SRC
 build within 2x of the local build. The server is moto's standalone server (as in the tests),
 or with ``--s3rver node_modules/.bin/s3rver`` the s3rver package from npm (a faster S3 server,
-for the benchmark only). The server shares the machine's cores with the client, so beside each
+for the benchmark only; s3rver 3.7.1 answers ListObjectsV2 with InternalError past 1,000 keys,
+so give it ``--objects 900``). The server shares the machine's cores with the client, so beside each
 ratio the same run measures what a minimal client gets from the same server: presigned URLs
 (signed before the clock starts) fetched over urllib3 keep-alive pools on threads:
 
