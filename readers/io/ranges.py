@@ -288,6 +288,7 @@ class RangeCache:
         self._held = 0  # bytes of the hinted ranges in `_pieces`
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)  # a GET ended: one more may start
+        self._counting = threading.Lock()  # `gets` and `fetched`, counted from several threads
         self._running = 0  # GETs ahead in flight
         self._slots = 1  # how many may be: one more after each GET ends, up to THREADS
         self._pool: ThreadPoolExecutor | None = None
@@ -311,8 +312,9 @@ class RangeCache:
             self._reset()
 
     def _fetch(self, shard: int, begin: int, end: int) -> bytes:
-        self.gets += 1
-        self.fetched += end - begin
+        with self._counting:
+            self.gets += 1
+            self.fetched += end - begin
         return self.objects.read(shard, begin, end)
 
     def _holder(self, shard: int, begin: int, end: int) -> tuple[int, int, int] | None:
@@ -396,7 +398,7 @@ class RangeCache:
             with self._lock:
                 self._running -= 1
                 self._slots = min(THREADS, self._slots + 1)
-                self._done.notify()
+                self._done.notify_all()
         for future in futures:
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_result((data, lo))
