@@ -31,7 +31,7 @@ from typing import Any
 
 from packer.errors import OutputExistsError, PackerError
 from readers.formats.layout import META_NAME
-from readers.remote import filesystem, join_url
+from readers.remote import filesystem, join_url, read_small
 from readers.remote.dataset import DATA_PREFIX_FIELD
 
 SHA_KEY = "packer-sha256"
@@ -95,7 +95,7 @@ def sha256_file(path: Path) -> str:
 def read_remote_meta(fs: Any, base: str) -> dict[str, Any] | None:
     """The published meta.json under `base`, or None when there is none (no dataset)."""
     try:
-        data = fs.cat_file(f"{base}/{META_NAME}")
+        data = read_small(fs, f"{base}/{META_NAME}")
     except (FileNotFoundError, IsADirectoryError):
         return None
     try:

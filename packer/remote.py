@@ -1,8 +1,8 @@
 """``packer build|verify|info`` with URLs: a local work directory on each side of the network.
 
-- SRC URL: its objects are listed and downloaded concurrently (`mirror_source`, 32 at a
-  time) into a local tree with the same relative paths, which the normal build reads: labels,
-  errors and the order are those of a local tree, because the tree is the same.
+- SRC URL: its objects are listed and downloaded concurrently (`packer.mirror.mirror_source`)
+  into a local tree with the same relative paths, which the normal build reads: labels, errors
+  and the order are those of a local tree, because the tree is the same.
 - OUT URL: the normal build writes a local dataset in the work directory, then
   `packer.publish.publish` uploads it, ``meta.json`` last. The work directory outlives a kill,
   so ``--resume`` finds the finished local build (or its finished shards) and uploads only
@@ -15,7 +15,6 @@ The work directory is ``PACKER_WORK_DIR``, else ``~/.cache/packer/work``.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 import shutil
@@ -24,17 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packer.errors import PackerError
+from packer.mirror import mirror_source
 from packer.publish import UploadResult, publish, read_remote_meta
 from readers.files import DATASET_FILES
 from readers.formats.layout import META_NAME
-from readers.remote import filesystem, join_url
-
-MIRROR_WORKERS = 32
-
-
-class RemoteSourceError(PackerError):
-    """SRC in object storage could not be listed or downloaded."""
+from readers.remote import filesystem
 
 
 def work_root() -> Path:
@@ -51,68 +44,6 @@ def _slot(kind: str, url: str) -> Path:
     digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     name = url.rstrip("/").rsplit("/", 1)[-1] or "root"
     return work_root() / f"{kind}-{name}-{digest}"
-
-
-def mirror_source(
-    url: str,
-    dest: Path,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    workers: int = MIRROR_WORKERS,
-) -> int:
-    """Download every object under `url` into `dest` (made empty first); return the count.
-
-    Objects are listed once, then fetched `workers` at a time; each lands under its path
-    relative to `url` and must have the size the listing gave.
-
-    Raises:
-        RemoteSourceError: nothing under `url`, or an object failed to download.
-    """
-    fs, base = filesystem(url, storage_options)
-    try:
-        found = fs.find(base, detail=True)
-    except FileNotFoundError:
-        found = {}
-    objects = {
-        str(path): int(info.get("size", 0))
-        for path, info in found.items()
-        if info.get("type") != "directory" and not str(path).endswith("/")
-    }
-    if not objects:
-        raise RemoteSourceError(f"SRC {url}: no objects under that prefix")
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-
-    def fetch(path: str) -> None:
-        rel = path[len(base) :].lstrip("/")
-        target = dest / rel
-        if ".." in Path(rel).parts:
-            raise RemoteSourceError(f"{url}: object {rel!r} would land outside SRC")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        for attempt in range(3):
-            try:
-                data = fs.cat_file(path)
-                break
-            except (FileNotFoundError, PermissionError) as exc:
-                raise RemoteSourceError(f"{join_url(url, rel)}: cannot read ({exc})") from exc
-            except OSError as exc:
-                if attempt == 2:
-                    raise RemoteSourceError(
-                        f"{join_url(url, rel)}: download failed after 3 attempts ({exc}); "
-                        "run the build again"
-                    ) from exc
-        if len(data) != objects[path]:
-            raise RemoteSourceError(
-                f"{join_url(url, rel)}: read {len(data)} bytes, the listing says "
-                f"{objects[path]}; it changed during the build, run it again"
-            )
-        target.write_bytes(data)
-
-    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-        for future in [pool.submit(fetch, p) for p in sorted(objects)]:
-            future.result()
-    return len(objects)
 
 
 def build_remote(

@@ -32,9 +32,13 @@ from readers.formats.recordio.bare import (
 )
 from readers.index import DatasetIndex
 from readers.io import handles
+from readers.io.hints import CHUNK_BYTES
 
 RUNS_AHEAD = 8
-"""Runs (chunks, about 1 MB each by default) a stream announces ahead of a ranged read."""
+"""Runs (chunks) a stream announces ahead of a ranged read: at most 8 x `REMOTE_CHUNK_BYTES`."""
+REMOTE_CHUNK_BYTES = 8 << 20
+"""Stored bytes per default chunk of a dataset read by ranged GETs (``chunk_bytes``): a chunk
+is one GET, as large as `readers.io.ranges.PIECE_BYTES` (on disk 1 MiB, ``CHUNK_BYTES``)."""
 
 
 def check_packed_shard(path: str, offsets: np.ndarray, lo: int, shard: int) -> None:
@@ -157,6 +161,15 @@ class RecordIODataset(ShardedDataset):
             raise DatasetFormatError(f"{url}: {exc}") from None
 
     @property
+    def chunk_bytes(self) -> int:
+        """Stored bytes per default chunk (`readers.io.hints.resolve_chunk_size`).
+
+        Larger for a dataset in object storage, so that a chunk of a shuffled order is one
+        large ranged GET (fewer requests, each priced and each with its latency).
+        """
+        return REMOTE_CHUNK_BYTES if self._remote is not None else CHUNK_BYTES
+
+    @property
     def prefetch_runs(self) -> int:
         """How many runs `ShardStream` announces ahead: more GETs in flight for object storage."""
         return RUNS_AHEAD if self._remote is not None else 1
@@ -190,7 +203,7 @@ class RecordIODataset(ShardedDataset):
         if self._remote is None or self._ends is None:
             return self._handle(shard), int(self.offsets[i])
         begin, end = int(self.offsets[i]), int(self._ends[i])
-        return self._remote.cache.read(shard, begin, end), 0
+        return self._remote.cache.locate(shard, begin, end)
 
     def _check_remote(self, i: int, shard: int, image: Any, problem: str | None) -> None:
         """Check a record read by range against the index; name the object on a mismatch."""

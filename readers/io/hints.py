@@ -89,7 +89,9 @@ def resolve_chunk_size(dataset: Any, chunk_size: int | None, ids: IntArray | Non
     The default counts the mean stored size of the selected samples (``ids``; None: all) in
     ``dataset.index.nbytes`` (`stored_sizes`), and keeps it within
     ``[DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE]``. A dataset without that index (or an index of
-    another length) gets ``DEFAULT_CHUNK_SIZE``.
+    another length) gets ``DEFAULT_CHUNK_SIZE``. A dataset with a ``chunk_bytes`` attribute
+    gets chunks of that many bytes instead (a dataset read by ranged GETs from object storage
+    asks for larger ones: `readers.datasets.recordio.REMOTE_CHUNK_BYTES`).
     """
     if chunk_size is not None:
         return int(chunk_size)
@@ -97,7 +99,7 @@ def resolve_chunk_size(dataset: Any, chunk_size: int | None, ids: IntArray | Non
     if found is None or found[0] <= 0:
         return DEFAULT_CHUNK_SIZE
     total, count = found
-    per_chunk = CHUNK_BYTES * count // total  # CHUNK_BYTES / mean size
+    per_chunk = int(getattr(dataset, "chunk_bytes", CHUNK_BYTES)) * count // total
     return min(MAX_CHUNK_SIZE, max(DEFAULT_CHUNK_SIZE, per_chunk))
 
 

@@ -10,8 +10,9 @@ refused for expired credentials raises `RemoteCredentialsError`; an object whose
 is no longer the one opened raises `RemoteObjectChangedError` (a `DatasetRebuiltError`, never
 skipped).
 
-`RangeCache` fetches aligned blocks of the objects ahead of their reads on a small thread pool
-and keeps the latest few, per process, so that runs of records arrive in large GETs.
+`RangeCache` fetches the ranges that reads will want (hinted runs of records, neighbours merged)
+ahead of the reads on a small thread pool and keeps the latest few MB, per process, so that runs
+of records arrive in large GETs and a shuffled order fetches no more than it reads.
 
 Nothing here imports paddle or knows a format.
 """
@@ -38,18 +39,26 @@ __all__ = [
     "RemoteObjects",
     "RemoteReadError",
     "credentials_error",
+    "is_retryable",
+    "is_throttled",
 ]
 
 ATTEMPTS = 4
 """Our attempts at one range, each through the client's own retries."""
 BACKOFF_S = 0.2
 """The wait before our second attempt; it doubles for each further one."""
-BLOCK_BYTES = 8 << 20
-"""The unit fetched ahead: aligned blocks of a shard object, one GET each."""
-PIECE_BYTES = BLOCK_BYTES
-"""The most bytes a run of records is hinted in at once (`readers.datasets.remote.run_pieces`)."""
-KEPT_BLOCKS = 12
-"""How many blocks a process keeps (``KEPT_BLOCKS * BLOCK_BYTES``: 96 MiB)."""
+PIECE_BYTES = 8 << 20
+"""The most bytes one GET ahead asks for, and a run of records is hinted in at once
+(`readers.datasets.remote.run_pieces`): on loopback a 1 MiB GET moves 80 MB/s, an 8 MiB one
+250-300 MB/s; a store far away favours large GETs more."""
+FIRST_BYTES = 1 << 20
+"""The first GET ahead of a process asks for at most this much, each next one twice as much,
+up to `PIECE_BYTES`: the first records arrive after a small GET, not after a whole piece
+(a pass over a 20 MB shard on moto waited 0.2 s for its first record behind three 8 MiB GETs)."""
+GAP_BYTES = 1 << 20
+"""Hinted ranges of a shard at most this far apart are fetched in one GET (the gap included)."""
+KEPT_BYTES = 96 << 20
+"""How many fetched bytes a process keeps, least recently used dropped first."""
 THREADS = 4
 """Concurrent GETs ahead of the reads, per process."""
 
@@ -71,11 +80,13 @@ def _expired(exc: BaseException) -> bool:
     return any(word in text for word in ("expiredtoken", "expired", "invalidaccesskeyid", "token"))
 
 
-def _throttled(exc: BaseException) -> bool:
+def is_throttled(exc: BaseException) -> bool:
+    """Whether `exc` is the store throttling requests (HTTP 503 SlowDown)."""
     return (isinstance(exc, OSError) and exc.errno == errno.EBUSY) or "SlowDown" in str(exc)
 
 
-def _retryable(exc: BaseException) -> bool:
+def is_retryable(exc: BaseException) -> bool:
+    """Whether `exc` is a transfer fault worth another attempt (a lost connection, a short body)."""
     if isinstance(exc, PermissionError | FileNotFoundError):
         return False
     if isinstance(exc, ConnectionError | TimeoutError | EOFError):
@@ -205,7 +216,7 @@ class RemoteObjects:
                     "(or re-upload the dataset)"
                 ) from exc
             except Exception as exc:
-                if _throttled(exc):
+                if is_throttled(exc):
                     # The client backed off already (s3fs and botocore by default: 25 requests
                     # over about 45 s); more attempts here would only multiply that.
                     raise RemoteReadError(
@@ -213,7 +224,7 @@ class RemoteObjects:
                         f"requests (HTTP 503 SlowDown) through the client's retries ({exc}); "
                         "read with fewer DataLoader workers or ranks, or retry later"
                     ) from exc
-                if not _retryable(exc):
+                if not is_retryable(exc):
                     self.check_unchanged(shard, f"a read of bytes {begin}..{end} failed ({exc})")
                     raise RemoteReadError(
                         f"{obj.url}: bytes {begin}..{end} could not be read ({exc!r})"
@@ -244,96 +255,230 @@ def credentials_error(url: str, exc: BaseException) -> RemoteCredentialsError:
 
 
 class RangeCache:
-    """Aligned blocks of the shard objects fetched ahead of their reads; the latest few kept.
+    """Byte ranges of the shard objects fetched ahead of their reads; the latest few MB kept.
 
-    `prefetch` queues GETs of the `BLOCK_BYTES`-aligned blocks that hold a range (large GETs:
-    on loopback a 1 MiB GET moves 80 MB/s, an 8 MiB one 250-300 MB/s; a store far away
-    favours them more), on a small thread pool; `read` serves a range from the blocks that
-    hold it, waiting for those on their way, and reads any other range alone (a random read
-    stays one record). At most `kept` blocks stay in memory, least recently used dropped.
-    Pickles without its pool and blocks; a forked process starts with none.
+    `prefetch` is told the ranges that reads will want soon (a run of records, or pieces of
+    one cut at record boundaries) and fetches each exactly, never a larger aligned block
+    around it: in a shuffled order or split across DataLoader workers, a run costs its own
+    bytes (with 8 MiB aligned blocks, a 1 MiB chunk of a large shard read in random order
+    fetched 8 MiB). At most `THREADS` GETs are in flight; hinted ranges wait in a queue, and
+    a GET takes the oldest with its queued neighbours (gaps up to `GAP_BYTES`, up to
+    `PIECE_BYTES` in all), so a store slower than the reads gets fewer, larger requests.
+    A cold cache ramps up: its first GET asks for at most `FIRST_BYTES` and goes alone, each
+    next one may be twice as large and one more may run beside it, so the first records
+    arrive after a small GET. `locate` serves a range from the hinted range that holds it (or
+    the adjacent ones that do, where a ramp cut it), waiting for those on their way, and
+    reads any other range alone (a random read stays one record). Hinted ranges stay in
+    memory up to `kept_bytes`, least recently used dropped. Pickles without its pool and
+    ranges; a forked process starts with none.
     """
 
-    def __init__(self, objects: RemoteObjects, *, kept: int = KEPT_BLOCKS) -> None:
+    def __init__(self, objects: RemoteObjects, *, kept_bytes: int = KEPT_BYTES) -> None:
         self.objects = objects
-        self.kept = kept
-        self._blocks: OrderedDict[tuple[int, int], Future[bytes]] = OrderedDict()
+        self.kept_bytes = kept_bytes
+        self._reset()
+
+    def _reset(self) -> None:
+        # hinted range -> its bytes: (buffer, the object offset where the buffer starts)
+        self._pieces: OrderedDict[tuple[int, int, int], Future[tuple[bytes, int]]]
+        self._pieces = OrderedDict()
+        self._queued: list[tuple[int, int, int]] = []  # hinted, no GET started yet
+        self._cut: set[tuple[int, int, int]] = set()  # queued parts of a range cut to ramp up
+        self._ramp = FIRST_BYTES  # the most bytes the next range queued is fetched in at once
+        self._held = 0  # bytes of the hinted ranges in `_pieces`
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)  # a GET ended: one more may start
+        self._counting = threading.Lock()  # `gets` and `fetched`, counted from several threads
+        self._running = 0  # GETs ahead in flight
+        self._slots = 1  # how many may be: one more after each GET ends, up to THREADS
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
-        self._last: tuple[int, int, bytes] | None = None
+        self._last: tuple[int, int, int, bytes, int] | None = None
         self.gets = 0
-        """Range GETs this process made (blocks ahead and ranges alone)."""
+        """Range GETs this process made (ahead and alone)."""
+        self.fetched = 0
+        """Bytes those GETs asked for."""
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_blocks=OrderedDict(), _lock=None, _pool=None, _pid=-1, _last=None, gets=0)
-        return state
+        return {"objects": self.objects, "kept_bytes": self.kept_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._reset()
 
     def _forked(self) -> None:
-        """Start afresh in a forked process: the parent's threads and blocks are not here."""
+        """Start afresh in a forked process: the parent's threads and ranges are not here."""
         if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._lock = threading.Lock()
-            self._pool, self._blocks, self._last, self.gets = None, OrderedDict(), None, 0
+            self._reset()
 
     def _fetch(self, shard: int, begin: int, end: int) -> bytes:
-        self.gets += 1
+        with self._counting:
+            self.gets += 1
+            self.fetched += end - begin
         return self.objects.read(shard, begin, end)
 
-    def _fetch_block(self, shard: int, block: int) -> bytes:
-        return self._fetch(shard, block * BLOCK_BYTES, (block + 1) * BLOCK_BYTES)
+    def _holder(self, shard: int, begin: int, end: int) -> tuple[int, int, int] | None:
+        """The key of a hinted range that holds ``[begin, end)`` of `shard` (lock held)."""
+        for key in reversed(self._pieces):  # the newest first: reads follow the hints
+            if key[0] == shard and key[1] <= begin and end <= key[2]:
+                return key
+        return None
 
     def prefetch(self, ranges: Iterable[tuple[int, int, int]]) -> None:
-        """Queue GETs of the blocks holding the ``(shard, begin, end)`` ranges, if not there."""
+        """Queue GETs of the ``(shard, begin, end)`` ranges that no hinted range holds yet."""
         self._forked()
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="packer-ranges")
             for shard, begin, end in ranges:
-                for block in range(begin // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1):
-                    key = (shard, block)
-                    if key in self._blocks:
-                        self._blocks.move_to_end(key)
-                    else:
-                        self._blocks[key] = self._pool.submit(self._fetch_block, *key)
-            while len(self._blocks) > self.kept:
-                _, dropped = self._blocks.popitem(last=False)
+                key = self._holder(shard, begin, end)
+                if key is not None:
+                    self._pieces.move_to_end(key)
+                    continue
+                for key in self._ramped(shard, begin, end):
+                    self._pieces[key] = Future()
+                    self._queued.append(key)
+                    self._held += key[2] - key[1]
+                    self._pool.submit(self._get_queued)
+            while self._held > self.kept_bytes and len(self._pieces) > 1:
+                key, dropped = self._pieces.popitem(last=False)
+                self._held -= key[2] - key[1]
+                if key in self._queued:
+                    self._queued.remove(key)
+                    self._cut.discard(key)
                 dropped.cancel()
 
+    def _ramped(self, shard: int, begin: int, end: int) -> list[tuple[int, int, int]]:
+        """``[begin, end)`` as the ranges to queue: cut while the GETs ramp up (lock held)."""
+        parts = []
+        while self._ramp < PIECE_BYTES and end - begin > self._ramp:
+            parts.append((shard, begin, begin + self._ramp))
+            begin += self._ramp
+            self._ramp *= 2
+        parts.append((shard, begin, end))
+        if len(parts) > 1:
+            self._cut.update(parts)
+        self._ramp = min(PIECE_BYTES, self._ramp * 2)
+        return parts
+
+    def _get_queued(self) -> None:
+        """Fetch the oldest queued range and its queued neighbours in one GET (a pool task)."""
+        with self._lock:
+            # the first GET goes alone (its records are the first wanted; a store short of
+            # CPU would share itself among all), then one more at a time up to THREADS
+            while self._running >= self._slots and self._queued:
+                self._done.wait()
+            if not self._queued:
+                return
+            self._running += 1
+            shard, lo, hi = self._queued[0]
+            group = [self._queued[0]]
+            # its neighbours after it, in offset order, while the gaps and the total allow
+            # (parts of a range cut to ramp up stay apart)
+            after = [k for k in self._queued[1:] if k[0] == shard and k[1] >= lo]
+            for key in [] if group[0] in self._cut else sorted(after):
+                if key in self._cut:
+                    break
+                if key[1] - hi > GAP_BYTES or max(hi, key[2]) - lo > PIECE_BYTES:
+                    break
+                group.append(key)
+                hi = max(hi, key[2])
+            for key in group:
+                self._queued.remove(key)
+                self._cut.discard(key)
+            futures = [self._pieces.get(key) for key in group]
+        try:
+            data = self._fetch(shard, lo, hi)
+        except BaseException as exc:
+            for future in futures:
+                if future is not None and future.set_running_or_notify_cancel():
+                    future.set_exception(exc)
+            return
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._slots = min(THREADS, self._slots + 1)
+                self._done.notify_all()
+        for future in futures:
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_result((data, lo))
+
     def read(self, shard: int, begin: int, end: int) -> bytes:
-        """The bytes ``[begin, end)`` of `shard`: from fetched blocks, or one GET of their own.
+        """The bytes ``[begin, end)`` of `shard`: from hinted ranges, or one GET of their own.
 
         Raises:
             ReaderError: as `RemoteObjects.read` (a failed fetch ahead is retried here once).
         """
-        first = begin // BLOCK_BYTES
-        last = self._last  # the block read last: most reads of a run fall in it
-        if last is not None and last[0] == shard and last[1] == first:
-            at = begin - first * BLOCK_BYTES
-            if at + end - begin <= len(last[2]) and (end - 1) // BLOCK_BYTES == first:
-                return last[2][at : at + end - begin]
+        data, at = self.locate(shard, begin, end)
+        return data if at == 0 and len(data) == end - begin else data[at : at + end - begin]
+
+    def locate(self, shard: int, begin: int, end: int) -> tuple[bytes, int]:
+        """A buffer holding bytes ``[begin, end)`` of `shard`, and where they start in it.
+
+        A range inside a hinted range is served from the bytes fetched for it, without a
+        copy; any other is one GET of its own.
+
+        Raises:
+            ReaderError: as `RemoteObjects.read` (a failed fetch ahead is retried here once).
+        """
+        last = self._last  # the hinted range read last: most reads of a run fall in it
+        if last is not None and last[0] == shard and last[1] <= begin and end <= last[2]:
+            return last[3], begin - last[4]
         self._forked()
-        keys = [(shard, b) for b in range(first, (end - 1) // BLOCK_BYTES + 1)]
+        parts: list[tuple[tuple[int, int, int], Future[tuple[bytes, int]]]] = []
         with self._lock:
-            futures = [self._blocks.get(key) for key in keys]
-            for key, future in zip(keys, futures, strict=True):
-                if future is not None:
-                    self._blocks.move_to_end(key)
-        if all(f is not None and not f.cancelled() for f in futures):
+            key = self._holder(shard, begin, end)
+            future = None if key is None else self._pieces[key]
+            if key is not None:
+                self._pieces.move_to_end(key)
+            else:
+                parts = self._covering(shard, begin, end)
+        if key is None and parts:
+            joined = self._join(parts, begin, end)
+            if joined is not None:
+                return joined, 0
+        if key is not None and future is not None:
             try:
-                data = b"".join(f.result() for f in futures if f is not None)
+                data, base = future.result()
             except (ReaderError, CancelledError):
                 with self._lock:  # read it alone below; the error repeats there if it lasts
-                    for key in keys:
-                        self._blocks.pop(key, None)
+                    if self._pieces.pop(key, None) is not None:
+                        self._held -= key[2] - key[1]
             else:
-                if len(keys) == 1:
-                    self._last = (shard, first, data)
-                at = begin - first * BLOCK_BYTES
-                return data[at : at + end - begin]
-        return self._fetch(shard, begin, end)
+                if base <= key[1] and key[2] - base <= len(data):
+                    self._last = (*key, data, base)
+                    return data, begin - base
+        return self._fetch(shard, begin, end), 0
+
+    def _covering(
+        self, shard: int, begin: int, end: int
+    ) -> list[tuple[tuple[int, int, int], Future[tuple[bytes, int]]]]:
+        """Adjacent hinted ranges that together hold ``[begin, end)``, or none (lock held)."""
+        keys = sorted(k for k in self._pieces if k[0] == shard and k[1] < end and k[2] > begin)
+        at, chain = begin, []
+        for key in keys:
+            if key[1] <= at < key[2]:
+                chain.append((key, self._pieces[key]))
+                at = key[2]
+                if at >= end:
+                    return chain
+        return []
+
+    def _join(
+        self,
+        parts: list[tuple[tuple[int, int, int], Future[tuple[bytes, int]]]],
+        begin: int,
+        end: int,
+    ) -> bytes | None:
+        """Bytes ``[begin, end)`` joined from the hinted ranges `parts`; None if one failed."""
+        pieces = []
+        for (_, lo, hi), future in parts:
+            try:
+                data, base = future.result()
+            except (ReaderError, CancelledError):
+                return None
+            a, b = max(begin, lo) - base, min(end, hi) - base
+            if a < 0 or b > len(data):
+                return None
+            pieces.append(data[a:b])
+        return b"".join(pieces)

@@ -27,6 +27,7 @@ __all__ = [
     "filesystem",
     "is_url",
     "join_url",
+    "read_small",
 ]
 
 EXTRA_HINT = "pip install 'paddle-packer[s3]'"
@@ -111,6 +112,23 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     except ValueError as exc:  # an unknown protocol
         raise ReaderError(f"{url}: {exc}") from None
     return fs, str(path).rstrip("/")
+
+
+def read_small(fs: Any, path: str) -> bytes:
+    """All bytes of the small object at `path` (a ``meta.json``) in one request.
+
+    s3fs's ``cat_file`` first asks the object's size (a HEAD) to split a large object into
+    concurrent ranged GETs (its ``max_concurrency``); for a file of a few KB that doubles the
+    requests, so it is told to make one GET.
+
+    Raises:
+        FileNotFoundError: no such object.
+    """
+    if int(getattr(fs, "max_concurrency", 1)) > 1:
+        data: bytes = fs.cat_file(path, max_concurrency=1)
+    else:
+        data = fs.cat_file(path)
+    return data
 
 
 def _endpoint_from_env(options: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
-from readers.remote import DatasetNotFoundError, filesystem, join_url
+from readers.remote import DatasetNotFoundError, filesystem, join_url, read_small
 
 __all__ = ["DATA_PREFIX_FIELD", "RemoteDataset"]
 
@@ -52,7 +52,7 @@ class RemoteDataset:
         self.fs, self.path = filesystem(self.url, self.storage_options)
         meta_path = f"{self.path}/{META_NAME}"
         try:
-            self.meta_bytes: bytes = self.fs.cat_file(meta_path)
+            self.meta_bytes: bytes = read_small(self.fs, meta_path)
         except FileNotFoundError:
             raise DatasetNotFoundError(self.url) from None
         except IsADirectoryError:

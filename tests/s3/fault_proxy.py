@@ -9,6 +9,7 @@ ExpiredToken).
 
 from __future__ import annotations
 
+import collections
 import http.client
 import socket
 import threading
@@ -32,6 +33,7 @@ class FaultProxy:
         self.match = ".rec"
         self.injected = 0
         self.requests = 0  # GETs of matching objects seen
+        self.methods: collections.Counter[str] = collections.Counter()  # any matching request
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -48,6 +50,7 @@ class FaultProxy:
                 0,
                 0,
             )
+            self.methods.clear()
 
     def close(self) -> None:
         """Stop serving."""
@@ -56,6 +59,8 @@ class FaultProxy:
 
     def _take(self, method: str, path: str) -> str | None:
         with self._lock:
+            if self.match in path:
+                self.methods[method] += 1
             if method != "GET" or self.match not in path:
                 return None
             self.requests += 1

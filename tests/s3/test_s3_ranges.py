@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 
 from packer.cli import app
 from readers.errors import RecordError
+from readers.formats.recordio.images import unpack_image_record
+from readers.formats.recordio.records import read_record_at
 from readers.io import ranges
 from readers.io.ranges import RemoteCredentialsError, RemoteObjectChangedError, RemoteReadError
 from readers.remote import DatasetNotFoundError
@@ -148,6 +150,81 @@ def test_shard_stream_reads_by_range(uploaded: tuple[Path, str], endpoint: str) 
     local = list(ShardStream(out, decode="bytes", chunk_size=8, shuffle_buffer=8, seed=1))
     assert remote == local
     assert len(remote) == 40
+
+
+def test_queued_neighbours_are_one_get_and_far_ranges_their_own(
+    uploaded: tuple[Path, str], endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, url = uploaded
+    want = local_items(out)
+    for gap, gets in ((ranges.GAP_BYTES, 1), (-1, 6)):  # -1: not even touching ranges merge
+        monkeypatch.setattr(ranges, "GAP_BYTES", gap)
+        ds = open_remote(url, endpoint)
+        cache = ds._remote.cache
+        records = [(0, int(ds.offsets[i]), int(ds._ends[i])) for i in range(6)]
+        cache.prefetch(records)  # six ranges in one call: all queued before a GET starts
+        got = [cache.read(*r) for r in records]  # (ds[i] would hint the records after them)
+        assert cache.gets == gets
+        images = [bytes(unpack_image_record(read_record_at(b, 0)[0])[2]) for b in got]
+        assert images == [image for image, _ in want[:6]]
+
+
+def test_the_first_gets_ramp_up_and_records_across_their_cuts_are_joined(
+    uploaded: tuple[Path, str], endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold cache fetches 100, 200, 400, ... bytes: cuts fall inside records, none is lost."""
+    monkeypatch.setattr(ranges, "FIRST_BYTES", 100)
+    out, url = uploaded
+    ds = open_remote(url, endpoint)
+    cache = ds._remote.cache
+    n = int(ds.shard_bounds[1])
+    records = [(0, int(ds.offsets[i]), int(ds._ends[i])) for i in range(n)]
+    cache.prefetch([(0, records[0][1], records[-1][2])])  # shard 0 as one hinted range
+    got = [cache.read(*r) for r in records]
+    images = [bytes(unpack_image_record(read_record_at(b, 0)[0])[2]) for b in got]
+    assert images == [image for image, _ in local_items(out)[:n]]
+    size, cuts, step = records[-1][2], 0, 100
+    while size > step:  # 100 + 200 + 400 + ... then the rest: one GET each, none alone
+        size, cuts, step = size - step, cuts + 1, step * 2
+    assert cuts >= 3
+    assert cache.gets == cuts + 1
+
+
+def test_a_shuffled_share_fetches_only_the_bytes_it_reads(
+    uploaded: tuple[Path, str], endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of a rank's share lie all over the shards: none is fetched with bytes around it."""
+    from readers import ShardStream
+
+    monkeypatch.setattr(ranges, "GAP_BYTES", 0)  # no gaps bridged: bytes fetched = bytes read
+    out, url = uploaded
+    stream = ShardStream(url, decode="bytes", chunk_size=3, seed=2, rank=1, world_size=4)
+    got = list(stream)
+    ds = stream.dataset
+    ids = stream.worker_order()  # what the main process yields, in order
+    want = local_items(out)
+    assert got == [want[i] for i in ids]
+    assert len(want) == 40
+    assert len(got) == 10
+    used = sum(int(ds._ends[i] - ds.offsets[i]) for i in ids)
+    assert ds._remote.cache.fetched == used < int(ds._remote.sizes.sum()) // 3
+
+
+def test_a_dataset_read_by_range_asks_for_larger_chunks(
+    uploaded: tuple[Path, str], endpoint: str
+) -> None:
+    from readers import RecordIODataset
+    from readers.datasets.recordio import REMOTE_CHUNK_BYTES
+    from readers.io.hints import CHUNK_BYTES, DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, resolve_chunk_size
+
+    out, url = uploaded
+    remote, local = open_remote(url, endpoint), RecordIODataset(out)
+    assert (remote.chunk_bytes, local.chunk_bytes) == (REMOTE_CHUNK_BYTES, CHUNK_BYTES)
+    total = int(local.index.nbytes.sum())
+    for ds, per in ((remote, REMOTE_CHUNK_BYTES), (local, CHUNK_BYTES)):
+        want = min(MAX_CHUNK_SIZE, max(DEFAULT_CHUNK_SIZE, per * len(ds) // total))
+        assert resolve_chunk_size(ds, None, None) == want
+    assert resolve_chunk_size(remote, None, None) > resolve_chunk_size(local, None, None)
 
 
 def test_no_meta_json_is_no_dataset(endpoint: str) -> None:
