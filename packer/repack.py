@@ -26,7 +26,6 @@ from typing import Any
 
 from packer import __version__
 from packer.build import BuildSummary, finish_output, prepare_build_dir, temp_dir_for
-from packer.engines import progress_bar
 from packer.errors import ConfigError, DiskFullError, InputError, OutputExistsError, PackerError
 from packer.formats import FORMATS
 from packer.output import build_lock, check_output_apart, prepare_parent
@@ -40,8 +39,10 @@ from packer.plan import (
 from packer.problems import Problem
 from packer.records import Record
 from packer.task import start_part
+from packer.writers.base import ShardWriter
+from packer.writers.batch import RecordBatch
 from packer.writers.merge import merge_parts
-from packer.writers.part import read_done
+from packer.writers.part import ShardPart, read_done
 from readers.durable import write_durably
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
 from readers.index import fingerprint
@@ -102,6 +103,12 @@ class RepackSource:
         label_source: meta.json's ``label_source``.
         class_map: meta.json's ``class_map``.
         problems: inputs found unusable before writing (they go to errors.jsonl first).
+        compressed: some records are compressed raw pixels (index.parquet then has a
+            ``compression`` column).
+        read_batches: optional, ``read_batches(start, stop)`` yields the same items as
+            ``read(start, stop)``, but runs of records as `RecordBatch` values (records whose
+            description is known, e.g. from a packer dataset's index): they are written a
+            batch at a time, to the same bytes.
     """
 
     sizes: list[int]
@@ -114,6 +121,8 @@ class RepackSource:
     label_source: str = "none"
     class_map: Any = None
     problems: list[Problem] = field(default_factory=list)
+    compressed: bool = False
+    read_batches: Callable[[int, int], Iterator[RecordBatch | Problem]] | None = None
 
 
 def repack_digest(cfg: RepackConfig, source: RepackSource) -> str:
@@ -163,6 +172,27 @@ def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:
     return BuildSummary.of_complete(out, meta, started)
 
 
+class _NoBar:
+    """The progress bar when none is shown (tqdm is then not even imported)."""
+
+    def update(self, n: int) -> None:
+        """Do nothing."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(total: int, enabled: bool | None) -> Any:
+    if enabled is False or (enabled is None and not sys.stderr.isatty()):
+        return _NoBar()
+    from packer.engines import progress_bar
+
+    return progress_bar(total, enabled)
+
+
 def _write_shards(
     cfg: RepackConfig,
     source: RepackSource,
@@ -173,7 +203,7 @@ def _write_shards(
     """Write the planned shards not in `finished`, in order, in this process."""
     shard_cls = FORMATS[cfg.format].writer
     total = len(source.sizes)
-    with progress_bar(total, cfg.progress) as bar:
+    with _progress(total, cfg.progress) as bar:
         first_id = 0
         for shard in shards:
             done = read_done(tmp, shard.number) if shard.number in finished else None
@@ -183,30 +213,79 @@ def _write_shards(
                 continue
             part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
             try:
-                problems: list[Problem] = []
-                count = 0
-                for item in source.read(shard.start, shard.stop):
-                    count += 1
-                    found = item if isinstance(item, Problem) else shard_cls.check(item)
-                    if found is not None:
-                        if cfg.on_error == "fail":
-                            raise InputError(found.path, found.reason, found.message)
-                        problems.append(found)
-                    else:
-                        assert isinstance(item, Record)
-                        part.add(item)
-                    if count % 256 == 0:
-                        bar.update(256)
+                if source.read_batches is not None:
+                    batches = source.read_batches(shard.start, shard.stop)
+                    problems, count = _add_batches(cfg, part, shard_cls, batches, bar)
+                else:
+                    items = source.read(shard.start, shard.stop)
+                    problems, count = _add_items(cfg, part, shard_cls, items, bar)
                 if count != shard.stop - shard.start:
                     raise RuntimeError(
                         f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
                     )
-                bar.update(count % 256)
                 done = part.finish(problems)
             except BaseException:
                 part.abort()
                 raise
             first_id += int(done["count"])
+
+
+def _refuse(cfg: RepackConfig, problem: Problem) -> Problem:
+    if cfg.on_error == "fail":
+        raise InputError(problem.path, problem.reason, problem.message)
+    return problem
+
+
+def _add_items(
+    cfg: RepackConfig,
+    part: ShardPart,
+    shard_cls: type[ShardWriter],
+    items: Iterator[Item],
+    bar: Any,
+) -> tuple[list[Problem], int]:
+    """Write `items` one by one; return the problems found and the number of items."""
+    problems: list[Problem] = []
+    count = 0
+    for item in items:
+        count += 1
+        found = item if isinstance(item, Problem) else shard_cls.check(item)
+        if found is not None:
+            problems.append(_refuse(cfg, found))
+        else:
+            assert isinstance(item, Record)
+            part.add(item)
+        if count % 256 == 0:
+            bar.update(256)
+    bar.update(count % 256)
+    return problems, count
+
+
+def _add_batches(
+    cfg: RepackConfig,
+    part: ShardPart,
+    shard_cls: type[ShardWriter],
+    items: Iterator[RecordBatch | Problem],
+    bar: Any,
+) -> tuple[list[Problem], int]:
+    """Write `items` a batch at a time; the problems found and the number of inputs."""
+    problems: list[Problem] = []
+    count = 0
+    for item in items:
+        if isinstance(item, Problem):
+            problems.append(_refuse(cfg, item))
+            count += 1
+            bar.update(1)
+            continue
+        start = 0
+        for at, found in shard_cls.check_batch(item):
+            if at > start:
+                part.add_batch(item.take(range(start, at)))
+            problems.append(_refuse(cfg, found))
+            start = at + 1
+        part.add_batch(item if start == 0 else item.take(range(start, len(item))))
+        count += len(item)
+        bar.update(len(item))
+    return problems, count
 
 
 def _repack(
@@ -230,7 +309,9 @@ def _repack(
     try:
         _write_shards(cfg, source, tmp, shards, finished)
         (tmp / MERGING_NAME).touch()
-        merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
+        merged = merge_parts(
+            tmp, [s.number for s in shards], shard_cls=shard_cls, compressed=source.compressed
+        )
         found = source.problems + merged.problems
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])

@@ -16,6 +16,7 @@ import numpy as np
 
 from packer.problems import Problem
 from packer.records import Record
+from packer.writers.batch import RecordBatch
 
 
 class ShardWriter(ABC):
@@ -46,6 +47,23 @@ class ShardWriter(ABC):
     def files(self) -> list[Path]:
         """The files this shard consists of."""
 
+    def write_batch(
+        self, local: int, sample_id: int, batch: RecordBatch
+    ) -> tuple[list[str], list[int | None]]:
+        """Store the records of `batch` as records `local`, `local + 1`, ... of the shard.
+
+        Their sample ids are `sample_id`, `sample_id + 1`, ...; return their keys and offsets.
+        The files must end up exactly as `write` of each record in turn leaves them; this
+        default does just that, and formats override it with a faster way to the same bytes.
+        """
+        keys: list[str] = []
+        offsets: list[int | None] = []
+        for i in range(len(batch)):
+            key, offset = self.write(local + i, sample_id + i, batch.record(i))
+            keys.append(key)
+            offsets.append(offset)
+        return keys, offsets
+
     def record_offsets(self) -> np.ndarray | None:
         """After close(): each record's byte offset in its file, when only then known."""
         return None
@@ -65,6 +83,18 @@ class ShardWriter(ABC):
     def check(cls, record: Record) -> Problem | None:
         """A problem when `record` cannot be stored in this format, else None."""
         return None
+
+    @classmethod
+    def check_batch(cls, batch: RecordBatch) -> list[tuple[int, Problem]]:
+        """The records of `batch` that `check` finds a problem with: (position, problem)."""
+        if cls.check.__func__ is ShardWriter.check.__func__:  # type: ignore[attr-defined]
+            return []  # the format takes every record
+        found = []
+        for i in range(len(batch)):
+            problem = cls.check(batch.record(i))
+            if problem is not None:
+                found.append((i, problem))
+        return found
 
     @classmethod
     def renumber(
