@@ -25,7 +25,6 @@ import numpy as np
 
 from packer.build import BuildSummary
 from packer.errors import ConfigError, PackerError
-from packer.prepare import prepare_bytes
 from packer.problems import UNREADABLE, Problem
 from packer.repack import Item, RepackConfig, RepackSource, repack
 from packer.writers.batch import RecordBatch
@@ -227,6 +226,8 @@ def _open_packed(root: Path) -> ConvertInput:
 
 
 def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
+    from packer.prepare import prepare_bytes  # the decode check: only for bare inputs
+
     for fmt in BARE_FORMATS.values():
         found = fmt.find_bare(root)
         if found is None:

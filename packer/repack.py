@@ -16,7 +16,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,11 +40,10 @@ from packer.plan import (
 )
 from packer.problems import Problem
 from packer.records import Record
-from packer.task import start_part
 from packer.writers.base import ShardWriter
 from packer.writers.batch import RecordBatch
 from packer.writers.merge import merge_parts
-from packer.writers.part import ShardPart, read_done
+from packer.writers.part import ShardPart, read_done, start_part
 from readers.durable import write_durably
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
 from readers.index import fingerprint
@@ -50,6 +51,21 @@ from readers.meta import make_meta
 
 Item = Record | Problem
 """One input of a repack: a record to store, or why it cannot be stored."""
+
+KILL_AT_ENV = "PACKER_REPACK_KILL_AT"
+"""Test hook: ``kill -9`` the repacking process itself at the named step (`STEPS`)."""
+
+STEPS = ("writing", "shard", "merging", "merged", "meta")
+"""Where a repack (convert, merge, split) can be killed for the tests: amid planned shard 1,
+its first records written; planned shard 0 finished, before shard 1; amid the index merge,
+the first part merged; the index, errors and warnings written; meta.json written, just before
+OUT is published."""
+
+
+def _checkpoint(step: str) -> None:
+    """The test hook: die here, as by ``kill -9``, when `KILL_AT_ENV` names this step."""
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -213,12 +229,13 @@ def _write_shards(
                 continue
             part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
             try:
+                stop = _checkpoint if shard.number == 1 else None
                 if source.read_batches is not None:
                     batches = source.read_batches(shard.start, shard.stop)
-                    problems, count = _add_batches(cfg, part, shard_cls, batches, bar)
+                    problems, count = _add_batches(cfg, part, shard_cls, batches, bar, stop)
                 else:
                     items = source.read(shard.start, shard.stop)
-                    problems, count = _add_items(cfg, part, shard_cls, items, bar)
+                    problems, count = _add_items(cfg, part, shard_cls, items, bar, stop)
                 if count != shard.stop - shard.start:
                     raise RuntimeError(
                         f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
@@ -228,6 +245,8 @@ def _write_shards(
                 part.abort()
                 raise
             first_id += int(done["count"])
+            if shard.number == 0:
+                _checkpoint("shard")
 
 
 def _refuse(cfg: RepackConfig, problem: Problem) -> Problem:
@@ -242,6 +261,7 @@ def _add_items(
     shard_cls: type[ShardWriter],
     items: Iterator[Item],
     bar: Any,
+    stop: Callable[[str], None] | None,
 ) -> tuple[list[Problem], int]:
     """Write `items` one by one; return the problems found and the number of items."""
     problems: list[Problem] = []
@@ -254,6 +274,8 @@ def _add_items(
         else:
             assert isinstance(item, Record)
             part.add(item)
+            if stop is not None:
+                stop("writing")
         if count % 256 == 0:
             bar.update(256)
     bar.update(count % 256)
@@ -266,6 +288,7 @@ def _add_batches(
     shard_cls: type[ShardWriter],
     items: Iterator[RecordBatch | Problem],
     bar: Any,
+    stop: Callable[[str], None] | None,
 ) -> tuple[list[Problem], int]:
     """Write `items` a batch at a time; the problems found and the number of inputs."""
     problems: list[Problem] = []
@@ -285,6 +308,8 @@ def _add_batches(
         part.add_batch(item if start == 0 else item.take(range(start, len(item))))
         count += len(item)
         bar.update(len(item))
+        if stop is not None:
+            stop("writing")
     return problems, count
 
 
@@ -310,7 +335,11 @@ def _repack(
         _write_shards(cfg, source, tmp, shards, finished)
         (tmp / MERGING_NAME).touch()
         merged = merge_parts(
-            tmp, [s.number for s in shards], shard_cls=shard_cls, compressed=source.compressed
+            tmp,
+            [s.number for s in shards],
+            shard_cls=shard_cls,
+            compressed=source.compressed,
+            after_part=lambda number: _checkpoint("merging") if number == 0 else None,
         )
         found = source.problems + merged.problems
         if merged.num_samples == 0:
@@ -323,6 +352,7 @@ def _repack(
         write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
         notes = sorted(merged.notes, key=lambda n: (n["path"], n["reason"]))
         write_durably(tmp / WARNINGS_NAME, _jsonl(notes))
+        _checkpoint("merged")
         meta = make_meta(
             format=cfg.format,
             num_samples=merged.num_samples,
@@ -342,7 +372,9 @@ def _repack(
             writer=shard_cls.describe(),
             plan_digest=digest,
         )
-        finish_output(tmp, out, meta, overwrite=cfg.overwrite)
+        finish_output(
+            tmp, out, meta, overwrite=cfg.overwrite, before_publish=lambda: _checkpoint("meta")
+        )
     except BaseException as exc:
         # as in a build: an input error or a bug removes everything; an interruption keeps
         # the finished shards for --resume. OUT is not there either way.

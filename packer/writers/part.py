@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -273,3 +274,18 @@ class ShardPart:
         self.shard.abort()
         with contextlib.suppress(OSError):
             self._rows.close()
+
+
+def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int) -> ShardPart:
+    """Remove what an unfinished earlier write of shard `number` left in `tmp`; open its part.
+
+    LMDB would append to an environment left there; the files are unlinked, not written over,
+    so a file that was a hard link elsewhere (a reused shard) is never changed.
+    """
+    part_paths(tmp, number)["done"].unlink(missing_ok=True)  # unfinished from here on
+    for path in shard_cls.paths(tmp / shard_name(number)):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    return ShardPart(tmp, number, shard_cls, first_id=first_id)
