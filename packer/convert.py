@@ -13,9 +13,7 @@ build makes (``--no-decode-check``: headers only). OUT is written by `packer.rep
 
 from __future__ import annotations
 
-import json
 import os
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,17 +23,14 @@ import numpy as np
 
 from packer.build import BuildSummary
 from packer.errors import ConfigError, PackerError
+from packer.packed import PackedRecords
 from packer.problems import UNREADABLE, Problem
 from packer.repack import Item, RepackConfig, RepackSource, repack
-from packer.writers.batch import RecordBatch
-from readers.columnar import COMPRESSIONS
 from readers.errors import ReaderError
 from readers.formats import BARE_FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
-from readers.index import load_index
 
 TARGETS = ("packer", "webdataset", "folder")
-CRC_MISMATCH = "crc_mismatch"  # a packer dataset's record whose bytes differ from its index
 
 
 class ConvertInputError(PackerError):
@@ -90,120 +85,8 @@ def _file_identity(paths: list[Path]) -> str:
     return "\n".join(parts)
 
 
-_BATCH_RECORDS = 8192
-_BATCH_BYTES = 64 << 20
-"""A batch of a packer dataset's records holds at most this many records and stored bytes."""
-
-
-def _chunks(nbytes: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, int]]:
-    """``start..stop`` cut into runs of at most `_BATCH_RECORDS` records and `_BATCH_BYTES`."""
-    while start < stop:
-        end = min(stop, start + _BATCH_RECORDS)
-        within = np.cumsum(nbytes[start:end], dtype=np.int64)
-        end = start + max(1, int(np.searchsorted(within, _BATCH_BYTES, side="right")))
-        yield start, end
-        start = end
-
-
-class _PackedRecords:
-    """The records of a packer dataset as stored, described by its index (no decoding).
-
-    Each record's stored bytes are checked against the index's CRC-32 as they are read; one
-    that does not match is a ``crc_mismatch`` problem, never a record.
-    """
-
-    def __init__(self, root: Path) -> None:
-        index = load_index(root, extra=("width", "height", "channels", "format", "path"))
-        self.index = index
-        self.fmt = REGISTRY[index.format]
-        self.n = len(index)
-        self.paths = [self.fmt.shard_path(root, name) for name in index.shard_names]
-        self.offsets = index.offset if index.offset is not None else np.zeros(self.n, np.int64)
-        codes = index.compression
-        self.compression: list[str | None] | None = (
-            None if codes is None else [None if c == 0 else COMPRESSIONS[c] for c in codes.tolist()]
-        )
-
-    def _labels(self, start: int, stop: int) -> tuple[list[Any], np.ndarray | None]:
-        labels = self.index.labels
-        if labels.kind == "int":
-            assert labels.ints is not None
-            ints = labels.ints[start:stop].astype(np.int64)
-            return ints.tolist(), ints
-        if labels.kind == "json":
-            return [
-                json.loads(t) for t in labels.texts.slice(start, stop - start).to_pylist()
-            ], None
-        return [None] * (stop - start), None
-
-    def batch(self, shard: int, start: int, stop: int) -> Iterator[RecordBatch | Problem]:
-        """Records ``start..stop-1`` (all of shard `shard`), checked: batches and problems."""
-        index = self.index
-        first = int(index.shard_bounds[shard])
-        data = list(
-            self.fmt.read_stored(
-                self.paths[shard], start - first, self.offsets[start:stop].tolist()
-            )
-        )
-        crcs = np.fromiter(map(zlib.crc32, data), np.uint32, count=stop - start)
-        expected = index.crc32[start:stop]
-        rel = index.extra["path"].slice(start, stop - start).to_pylist()
-        if not all(rel):
-            rel = [p or f"{j}" for j, p in enumerate(rel, start)]
-        label, ints = self._labels(start, stop)
-        extra = index.extra
-        batch = RecordBatch(
-            rel,
-            data,
-            label,
-            extra["format"].slice(start, stop - start).to_pylist(),
-            extra["width"][start:stop].tolist(),
-            extra["height"][start:stop].tolist(),
-            extra["channels"][start:stop].tolist(),
-            crcs.tolist(),
-            [None] * (stop - start) if self.compression is None else self.compression[start:stop],
-            ints,
-        )
-        bad = np.flatnonzero(crcs != expected).tolist()
-        if not bad:
-            yield batch
-            return
-        at = 0
-        for j in bad:
-            if j > at:
-                yield batch.take(range(at, j))
-            yield Problem(
-                rel[j],
-                CRC_MISMATCH,
-                f"sample {start + j}: the stored bytes have CRC-32 {int(crcs[j]):08x}, the index "
-                f"says {int(expected[j]):08x} (run packer verify on IN)",
-            )
-            at = j + 1
-        if at < len(batch):
-            yield batch.take(range(at, len(batch)))
-
-    def read_batches(self, start: int, stop: int) -> Iterator[RecordBatch | Problem]:
-        """Records ``start..stop-1``, a shard's run at a time, in batches of bounded size."""
-        bounds = self.index.shard_bounds
-        shard = int(np.searchsorted(bounds, start, side="right")) - 1
-        i = start
-        while i < stop:
-            end = min(stop, int(bounds[shard + 1]))
-            for a, b in _chunks(self.index.nbytes, i, end):
-                yield from self.batch(shard, a, b)
-            i, shard = end, shard + 1
-
-    def read(self, start: int, stop: int) -> Iterator[Item]:
-        """Records ``start..stop-1`` one by one (`Record` or `Problem`)."""
-        for item in self.read_batches(start, stop):
-            if isinstance(item, Problem):
-                yield item
-            else:
-                yield from (item.record(i) for i in range(len(item)))
-
-
 def _open_packed(root: Path) -> ConvertInput:
-    records = _PackedRecords(root)
+    records = PackedRecords(root)
     index = records.index
     meta = index.meta
     files = [root / META_NAME] + [

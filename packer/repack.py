@@ -44,6 +44,7 @@ from packer.writers.base import ShardWriter
 from packer.writers.batch import RecordBatch
 from packer.writers.merge import merge_parts
 from packer.writers.part import ShardPart, read_done, start_part
+from packer.writers.reuse import ReusedShard, link_part
 from readers.durable import write_durably
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
 from readers.index import fingerprint
@@ -125,6 +126,11 @@ class RepackSource:
             ``read(start, stop)``, but runs of records as `RecordBatch` values (records whose
             description is known, e.g. from a packer dataset's index): they are written a
             batch at a time, to the same bytes.
+        plan: optional, the inputs of each shard as ``(start, stop)`` runs, laid end to end
+            (instead of shards planned by size).
+        reuse: optional, ``reuse(start, stop, first_id)`` gives the `ReusedShard` that a
+            planned shard of inputs ``start..stop-1`` whose first sample id is `first_id`
+            reproduces byte for byte, or None; such a shard is hard-linked, not written.
     """
 
     sizes: list[int]
@@ -139,6 +145,8 @@ class RepackSource:
     problems: list[Problem] = field(default_factory=list)
     compressed: bool = False
     read_batches: Callable[[int, int], Iterator[RecordBatch | Problem]] | None = None
+    plan: list[tuple[int, int]] | None = None
+    reuse: Callable[[int, int, int], ReusedShard | None] | None = None
 
 
 def repack_digest(cfg: RepackConfig, source: RepackSource) -> str:
@@ -148,6 +156,8 @@ def repack_digest(cfg: RepackConfig, source: RepackSource) -> str:
     digest.update(json.dumps(options, sort_keys=True, default=str).encode())
     digest.update(b"\0" + source.identity.encode() + b"\0")
     digest.update(json.dumps(source.sizes).encode())
+    if source.plan is not None:
+        digest.update(b"\0" + json.dumps(source.plan).encode())
     return digest.hexdigest()
 
 
@@ -215,38 +225,64 @@ def _write_shards(
     tmp: Path,
     shards: list[ShardPlan],
     finished: set[int],
+    say: Callable[[str], None],
 ) -> None:
-    """Write the planned shards not in `finished`, in order, in this process."""
+    """Write (or link) the planned shards not in `finished`, in order, in this process."""
     shard_cls = FORMATS[cfg.format].writer
     total = len(source.sizes)
+    copied = 0  # reused shards copied because the filesystem refused hard links
     with _progress(total, cfg.progress) as bar:
         first_id = 0
         for shard in shards:
             done = read_done(tmp, shard.number) if shard.number in finished else None
-            if done is not None:
+            reused = None
+            if done is None and source.reuse is not None:
+                reused = source.reuse(shard.start, shard.stop, first_id)
+            if done is None and reused is None:
+                done = _write_shard(cfg, source, tmp, shard, shard_cls, first_id, bar)
+            else:
+                if done is None:
+                    assert reused is not None
+                    done = link_part(tmp, shard.number, shard_cls, reused, first_id=first_id)
+                    copied += not done["linked"]
                 bar.update(shard.stop - shard.start)
-                first_id += int(done["count"])
-                continue
-            part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
-            try:
-                stop = _checkpoint if shard.number == 1 else None
-                if source.read_batches is not None:
-                    batches = source.read_batches(shard.start, shard.stop)
-                    problems, count = _add_batches(cfg, part, shard_cls, batches, bar, stop)
-                else:
-                    items = source.read(shard.start, shard.stop)
-                    problems, count = _add_items(cfg, part, shard_cls, items, bar, stop)
-                if count != shard.stop - shard.start:
-                    raise RuntimeError(
-                        f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
-                    )
-                done = part.finish(problems)
-            except BaseException:
-                part.abort()
-                raise
             first_id += int(done["count"])
             if shard.number == 0:
                 _checkpoint("shard")
+    if copied:
+        say(
+            f"{copied} shard(s) that could be hard links of the sources' were copied: "
+            f"{tmp.parent} does not take hard links to them (another filesystem?)"
+        )
+
+
+def _write_shard(
+    cfg: RepackConfig,
+    source: RepackSource,
+    tmp: Path,
+    shard: ShardPlan,
+    shard_cls: type[ShardWriter],
+    first_id: int,
+    bar: Any,
+) -> dict[str, Any]:
+    """Write planned shard `shard` from its inputs; return its completion marker."""
+    part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
+    try:
+        stop = _checkpoint if shard.number == 1 else None
+        if source.read_batches is not None:
+            batches = source.read_batches(shard.start, shard.stop)
+            problems, count = _add_batches(cfg, part, shard_cls, batches, bar, stop)
+        else:
+            items = source.read(shard.start, shard.stop)
+            problems, count = _add_items(cfg, part, shard_cls, items, bar, stop)
+        if count != shard.stop - shard.start:
+            raise RuntimeError(
+                f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
+            )
+        return part.finish(problems)
+    except BaseException:
+        part.abort()
+        raise
 
 
 def _refuse(cfg: RepackConfig, problem: Problem) -> Problem:
@@ -327,12 +363,18 @@ def _repack(
     digest = repack_digest(cfg, source)
     if out_exists and not cfg.overwrite:  # --resume of a run that finished
         return _already_complete(out, digest, started)
-    shards = plan_shards(source.sizes, cfg.shard_size)
+    if source.plan is None:
+        shards = plan_shards(source.sizes, cfg.shard_size)
+    else:
+        shards = [ShardPlan(n, a, b) for n, (a, b) in enumerate(source.plan)]
+        ends = [0] + [s.stop for s in shards]
+        if [s.start for s in shards] != ends[:-1] or ends[-1] != len(source.sizes):
+            raise ValueError(f"the shard plan {source.plan} does not cover the inputs in order")
     finished = prepare_build_dir(tmp, digest, say, resume=cfg.resume)
     save_plan(tmp, digest, shards)
     shard_cls = FORMATS[cfg.format].writer
     try:
-        _write_shards(cfg, source, tmp, shards, finished)
+        _write_shards(cfg, source, tmp, shards, finished, say)
         (tmp / MERGING_NAME).touch()
         merged = merge_parts(
             tmp,

@@ -110,6 +110,46 @@ class ShardWriter(ABC):
         """
         return None
 
+    # --- a finished shard of another dataset reused whole (packer merge, split) ---
+
+    reusable: ClassVar[bool] = False
+    """True when the format implements `shard_keys` and `shard_offsets`."""
+
+    @classmethod
+    def link(cls, source: Path, base: Path) -> bool:
+        """Put the finished shard at `source` (its base path) at `base` without copying it.
+
+        Its files become hard links of the source's (the same inodes: nothing may write them
+        in place afterwards); where the filesystem refuses (another filesystem: EXDEV), they
+        are copied. Returns True when every file was linked.
+        """
+        from packer.swap import link_entry
+
+        linked = True
+        for src, dst in zip(cls.paths(source), cls.paths(base), strict=True):
+            linked = link_entry(src, dst) and linked
+        return linked
+
+    @classmethod
+    def shard_keys(cls, local: int, sample_id: int, count: int) -> list[str]:
+        """The index keys of records `local`.. (ids `sample_id`..) of a shard, as written."""
+        raise NotImplementedError
+
+    @classmethod
+    def shard_offsets(
+        cls, base: Path, first_id: int, offsets: np.ndarray
+    ) -> tuple[list[int | None], np.ndarray | None]:
+        """The offsets of the records of the finished shard at `base`, reused whole.
+
+        `offsets` are their ``offset`` column in the index of the dataset the shard comes
+        from (-1 where unknown). Returns them as `write` returns them and as `record_offsets`
+        gives them after `close` (None: as the first).
+
+        Raises:
+            ValueError: the shard's files disagree with `offsets` or with ids from `first_id`.
+        """
+        raise NotImplementedError
+
     @classmethod
     def describe(cls) -> dict[str, str]:
         """What meta.json records under ``writer``: the library or layout that wrote it."""

@@ -33,6 +33,9 @@ class RecordBatch:
         compression: the compression of raw pixels, or None.
         int_labels: when every label is an int (not a bool), the labels as int64: the fast
             path of the writers (a class-id dataset); None otherwise.
+        stored_sizes: the size of each record's stored bytes when `data` is empty: the
+            description of a shard that is reused whole (`packer.writers.part.link_part`),
+            whose bytes are not read.
     """
 
     rel: list[str]
@@ -45,9 +48,14 @@ class RecordBatch:
     crc32: list[int]
     compression: list[str | None]
     int_labels: np.ndarray | None = None
+    stored_sizes: list[int] | None = None
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self.rel)
+
+    def sizes(self) -> list[int]:
+        """The size of each record's stored bytes."""
+        return list(map(len, self.data)) if self.stored_sizes is None else self.stored_sizes
 
     def record(self, i: int) -> Record:
         """Record `i` of the batch as a `Record` (for the per-record paths)."""
@@ -67,7 +75,7 @@ class RecordBatch:
         """The batch of records `keep` (positions, ascending)."""
         return RecordBatch(
             [self.rel[i] for i in keep],
-            [self.data[i] for i in keep],
+            [self.data[i] for i in keep] if self.data else [],
             [self.label[i] for i in keep],
             [self.format[i] for i in keep],
             [self.width[i] for i in keep],
@@ -76,8 +84,9 @@ class RecordBatch:
             [self.crc32[i] for i in keep],
             [self.compression[i] for i in keep],
             None if self.int_labels is None else self.int_labels[np.asarray(keep, np.int64)],
+            None if self.stored_sizes is None else [self.stored_sizes[i] for i in keep],
         )
 
     def nbytes(self) -> np.ndarray:
         """The size of each record's stored bytes (int64)."""
-        return np.fromiter(map(len, self.data), dtype=np.int64, count=len(self.data))
+        return np.asarray(self.sizes(), dtype=np.int64).reshape(len(self))

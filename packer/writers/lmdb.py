@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,36 @@ class LmdbShardWriter(ShardWriter):
     def describe(cls) -> dict[str, str]:
         """Return the LMDB library versions that wrote the shard."""
         return lmdb_versions()
+
+    reusable = True
+
+    @classmethod
+    def link(cls, source: Path, base: Path) -> bool:
+        """Hard-link the shard's data file; its lock file is a copy (LMDB writes it in place)."""
+        from packer.swap import link_entry
+
+        base.mkdir()
+        if (source / LOCK_FILE).exists():
+            shutil.copyfile(source / LOCK_FILE, base / LOCK_FILE)
+        return link_entry(source / DATA_FILE, base / DATA_FILE)
+
+    @classmethod
+    def shard_keys(cls, local: int, sample_id: int, count: int) -> list[str]:
+        """Return ``image-%09d`` of the records (keys count within the shard)."""
+        return [image_key(n).decode() for n in range(local, local + count)]
+
+    @classmethod
+    def shard_offsets(
+        cls, base: Path, first_id: int, offsets: np.ndarray
+    ) -> tuple[list[int | None], np.ndarray | None]:
+        """Return where each record's value lies in data.mdb: the same file, the same offsets.
+
+        (Not read again from the shard: py-lmdb refuses to open a data file that this
+        process has open under another path, and the source's may be.)
+        """
+        del base, first_id
+        known = None if len(offsets) == 0 or int(offsets.min()) < 0 else offsets
+        return [None] * len(offsets), known
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)

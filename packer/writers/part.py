@@ -125,7 +125,13 @@ class ShardPart:
     """
 
     def __init__(
-        self, root: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int
+        self,
+        root: Path,
+        number: int,
+        shard_cls: type[ShardWriter],
+        *,
+        first_id: int,
+        shard: ShardWriter | None = None,
     ) -> None:
         self.root = root
         self.number = number
@@ -133,7 +139,9 @@ class ShardPart:
         self.paths = part_paths(root, number)
         for path in self.paths.values():
             path.unlink(missing_ok=True)
-        self.shard = shard_cls(root / shard_name(number))
+        # `shard`: a writer made by the caller (a reused shard's, `packer.writers.reuse`)
+        self.shard = shard_cls(root / shard_name(number)) if shard is None else shard
+        self.marker: dict[str, Any] = {}  # more for the completion marker
         self.count = 0
         self.bytes = 0
         self.label_kinds: set[str] = set()
@@ -184,7 +192,7 @@ class ShardPart:
             texts = list(map(label_text, batch.label))
             label_json, label_int = [t[0] for t in texts], [t[1] for t in texts]
             kinds = {t[2] for t in texts}
-        nbytes = list(map(len, batch.data))
+        nbytes = batch.sizes()
         formats = {f: _JSON.encode(f) for f in set(batch.format)}
         compressed = {
             c: "" if c is None else f'"compression":"{c}",' for c in set(batch.compression)
@@ -263,6 +271,7 @@ class ShardPart:
             "label_kinds": sorted(self.label_kinds),
             # top-level names under the build directory: the LMDB directory, or .rec + .idx
             "files": sorted({p.relative_to(self.root).parts[0] for p in self.shard.files()}),
+            **self.marker,
         }
         tmp = self.paths["done"].with_name(self.paths["done"].name + ".tmp")
         write_durably(tmp, json.dumps(done))
@@ -276,11 +285,11 @@ class ShardPart:
             self._rows.close()
 
 
-def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int) -> ShardPart:
-    """Remove what an unfinished earlier write of shard `number` left in `tmp`; open its part.
+def clear_part(tmp: Path, number: int, shard_cls: type[ShardWriter]) -> None:
+    """Remove what an unfinished earlier write of planned shard `number` left in `tmp`.
 
     LMDB would append to an environment left there; the files are unlinked, not written over,
-    so a file that was a hard link elsewhere (a reused shard) is never changed.
+    so a file that is a hard link of another dataset's (a reused shard) is never changed.
     """
     part_paths(tmp, number)["done"].unlink(missing_ok=True)  # unfinished from here on
     for path in shard_cls.paths(tmp / shard_name(number)):
@@ -288,4 +297,9 @@ def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int) -> ShardPart:
+    """Clear what an earlier write of shard `number` left in `tmp` (`clear_part`); open its part."""
+    clear_part(tmp, number, shard_cls)
     return ShardPart(tmp, number, shard_cls, first_id=first_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from readers.formats.recordio import (
     image_record_bound,
     image_record_size,
     pack_labelled_image,
+    read_idx,
     rewrite_ids,
 )
 
@@ -135,6 +137,28 @@ class RecordIOShardWriter(ShardWriter):
     def describe(cls) -> dict[str, str]:
         """Return the RecordIO layout that wrote the shard."""
         return recordio_layout()
+
+    reusable = True
+
+    @classmethod
+    def shard_keys(cls, local: int, sample_id: int, count: int) -> list[str]:
+        """Return the records' global ids (the ``.idx`` keys)."""
+        return [str(i) for i in range(sample_id, sample_id + count)]
+
+    @classmethod
+    def shard_offsets(
+        cls, base: Path, first_id: int, offsets: np.ndarray
+    ) -> tuple[list[int | None], np.ndarray | None]:
+        """Return the records' offsets; the shard's ``.idx`` must hold them under the ids."""
+        idx_path = cls.paths(base)[1]
+        keys, found = read_idx(idx_path)
+        if not np.array_equal(keys, np.arange(first_id, first_id + len(offsets))) or not (
+            np.array_equal(found, offsets)
+        ):
+            raise ValueError(
+                f"{idx_path}: not the keys {first_id}.. and offsets of the index's records"
+            )
+        return found.tolist(), None
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)
@@ -244,6 +268,14 @@ class RecordIOShardWriter(ShardWriter):
         return [self.rec_path, self.idx_path]
 
 
+def _unshare(path: Path) -> None:
+    """Make `path` a file of its own when it is a hard link of another (a reused shard's)."""
+    if os.stat(path).st_nlink > 1:
+        own = path.with_name(path.name + ".own")
+        shutil.copyfile(path, own)
+        os.replace(own, path)
+
+
 def renumber_shard(base: Path, old_first: int, new_first: int, offsets: list[int]) -> int:
     """Give the records of a finished shard the ids ``new_first, new_first + 1, ...``.
 
@@ -253,6 +285,8 @@ def renumber_shard(base: Path, old_first: int, new_first: int, offsets: list[int
     """
     rec_path = base.with_name(base.name + REC_SUFFIX)
     idx_path = base.with_name(base.name + IDX_SUFFIX)
+    for path in (rec_path, idx_path):  # both are written in place below
+        _unshare(path)
     try:
         rewrite_ids(rec_path, idx_path, new_first, offsets)
     except RecordIOFormatError as exc:
