@@ -220,3 +220,14 @@ def test_nothing_writes_a_linked_shard_afterwards(two: tuple[Path, Path], tmp_pa
             assert txn.get(b"num-samples") is not None
         env_.close()
     assert snapshot(a) == before
+
+
+def test_split_into_one_part_links_every_shard(tmp_path: Path, fmt: str) -> None:
+    write_tree(tmp_path / "src", {"cat": 4, "dog": 4})
+    src = build_packed(tmp_path / "src", tmp_path / "all", fmt, workers=1, shard_size=1500)
+    split_dataset(src, tmp_path / "parts", {"all": 1.0})
+    out = tmp_path / "parts" / "all"
+    check_records(out, records(src))
+    mine, theirs = shard_files(out), shard_files(src)
+    assert mine.keys() == theirs.keys()
+    assert all(mine[n].stat().st_ino == theirs[n].stat().st_ino for n in mine)
