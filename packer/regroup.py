@@ -181,9 +181,9 @@ class _Selection:
         """The source shard that planned shard ``start..stop-1`` reproduces, or None.
 
         It does when the shard holds exactly one source shard's records in order, its format
-        can reuse shards, the stored labels stay (the class table maps each of its labels to
-        itself) and, for a format whose files hold global ids, the ids stay (`first_id` is
-        the source shard's).
+        can reuse shards and the stored labels stay (the class table maps each of its labels
+        to itself). For a format whose files hold global ids, where `first_id` is not the
+        source shard's, the shard is to be cloned and renumbered (``renumber_from``).
         """
         whole = self._whole(start, stop)
         if whole is None or not self.shard_cls.reusable:
@@ -191,8 +191,6 @@ class _Selection:
         n, shard = whole
         source = self.datasets[n]
         lo, hi = int(source.index.shard_bounds[shard]), int(source.index.shard_bounds[shard + 1])
-        if self.shard_cls.global_keys and first_id != lo:
-            return None
         entry = source.meta["shards"][shard]
         if entry.get("file_bytes") is None:
             return None
@@ -206,11 +204,13 @@ class _Selection:
                     return None
             elif any(remap_label(label, table) != label for label in records.label):
                 return None
+        moved = self.shard_cls.global_keys and first_id != lo  # its ids are rewritten
         return ReusedShard(
             source.root / str(entry["name"]),
             records,
             source.offsets[lo:hi],
             int(entry["file_bytes"]),
+            renumber_from=lo if moved else None,
         )
 
     def source_shards(self) -> list[tuple[int, int]]:
@@ -228,11 +228,7 @@ class _Selection:
         return runs
 
     def planned(self, shard_size: int) -> list[tuple[int, int]]:
-        """Shards of at most `shard_size` bytes, each source shard held whole on its own.
-
-        A whole source shard is kept on its own only where it could be reused (for a format
-        whose files hold global ids: at its own ids).
-        """
+        """Shards of at most `shard_size` bytes, each source shard held whole on its own."""
         runs: list[tuple[int, int]] = []
         gap = 0
 
@@ -250,8 +246,6 @@ class _Selection:
                     continue
                 start = int(positions[at])
                 if int(ids[at]) != lo or int(positions[at + hi - lo - 1]) != start + hi - lo - 1:
-                    continue
-                if self.shard_cls.global_keys and start != lo:
                     continue
                 if start > gap:
                     flush(start)

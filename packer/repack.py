@@ -235,17 +235,17 @@ def _write_shards(
         first_id = 0
         for shard in shards:
             done = read_done(tmp, shard.number) if shard.number in finished else None
-            reused = None
             if done is None and source.reuse is not None:
                 reused = source.reuse(shard.start, shard.stop, first_id)
-            if done is None and reused is None:
-                done = _write_shard(cfg, source, tmp, shard, shard_cls, first_id, bar)
-            else:
-                if done is None:
-                    assert reused is not None
+                if reused is not None:
                     done = link_part(tmp, shard.number, shard_cls, reused, first_id=first_id)
-                    copied += not done["linked"]
+                    copied += done is not None and done["reused"] == "copy"
+                if done is not None:
+                    bar.update(shard.stop - shard.start)
+            elif done is not None:
                 bar.update(shard.stop - shard.start)
+            if done is None:
+                done = _write_shard(cfg, source, tmp, shard, shard_cls, first_id, bar)
             first_id += int(done["count"])
             if shard.number == 0:
                 _checkpoint("shard")

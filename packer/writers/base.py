@@ -131,6 +131,16 @@ class ShardWriter(ABC):
         return linked
 
     @classmethod
+    def clone(cls, source: Path, base: Path) -> None:
+        """Copy the finished shard at `source` to `base` as files of its own.
+
+        A reflink where the filesystem shares blocks (btrfs, xfs: no bytes copied until one
+        side is written), else a copy in the kernel.
+        """
+        for src, dst in zip(cls.paths(source), cls.paths(base), strict=True):
+            clone_entry(src, dst)
+
+    @classmethod
     def shard_keys(cls, local: int, sample_id: int, count: int) -> list[str]:
         """The index keys of records `local`.. (ids `sample_id`..) of a shard, as written."""
         raise NotImplementedError
@@ -154,3 +164,29 @@ class ShardWriter(ABC):
     def describe(cls) -> dict[str, str]:
         """What meta.json records under ``writer``: the library or layout that wrote it."""
         return {}
+
+
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+
+
+def clone_entry(src: Path, dst: Path) -> None:
+    """Copy the file `src` (or each file of the directory `src`) to `dst`.
+
+    A reflink where the filesystem can make one, else an ordinary copy (``shutil.copyfile``,
+    in the kernel).
+    """
+    if src.is_dir():
+        dst.mkdir()
+        for child in sorted(src.iterdir()):
+            clone_entry(child, dst / child.name)
+        return
+    import fcntl
+    import shutil
+
+    with open(src, "rb") as f, open(dst, "xb") as g:
+        try:
+            fcntl.ioctl(g.fileno(), _FICLONE, f.fileno())
+            return
+        except OSError:
+            pass  # not a filesystem that shares blocks (or another one): copy
+    shutil.copyfile(src, dst)

@@ -4,7 +4,9 @@ A planned shard that holds exactly the records of one shard of a source dataset,
 whose stored bytes would not change (the same labels; for formats whose files hold global
 ids, the same ids) is not written again: `link_part` hard-links the source's shard files
 (``ShardWriter.link``; copied where the filesystem refuses a link) and writes the part's
-index rows from the source's index, so that the merge treats it like any written shard.
+index rows from the source's index, so that the merge treats it like any written shard. One
+whose only change is its ids (a RecordIO shard that moves) is cloned (a reflink where the
+filesystem shares blocks, else a copy in the kernel) and its ids rewritten in place.
 
 A linked file is shared by two datasets, so nothing may write it in place afterwards; packer
 never does: a shard is rewritten by unlinking its files first (`start_part`), an OUT replaced
@@ -20,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from packer.errors import PackerError
 from packer.records import Record
 from packer.writers.base import ShardWriter
 from packer.writers.batch import RecordBatch
@@ -37,12 +40,16 @@ class ReusedShard:
             ``stored_sizes`` set).
         offsets: their ``offset`` column in the source's index (-1 where unknown).
         file_bytes: the shard's size on disk, from the source's meta.json.
+        renumber_from: None when the shard is reused as it is (linked); else its first id in
+            the source, for a format whose files hold global ids: the shard is then cloned
+            (a reflink or a copy) and its ids rewritten (``ShardWriter.renumber``).
     """
 
     base: Path
     records: RecordBatch
     offsets: np.ndarray
     file_bytes: int
+    renumber_from: int | None = None
 
 
 class LinkedShard(ShardWriter):
@@ -61,7 +68,14 @@ class LinkedShard(ShardWriter):
         super().__init__(base)
         self.shard_cls = shard_cls
         self.file_bytes = reused.file_bytes
-        self.linked = shard_cls.link(reused.base, base)
+        if reused.renumber_from is None:
+            self.how = "link" if shard_cls.link(reused.base, base) else "copy"
+        else:
+            shard_cls.clone(reused.base, base)
+            offsets = reused.offsets.tolist()
+            size = shard_cls.renumber(base, reused.renumber_from, first_id, offsets)
+            self.file_bytes = reused.file_bytes if size is None else size
+            self.how = "clone"
         self._offsets, self._late = shard_cls.shard_offsets(base, first_id, reused.offsets)
 
     def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
@@ -98,14 +112,22 @@ def link_part(
     reused: ReusedShard,
     *,
     first_id: int,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Make planned shard `number` in `tmp` the reused shard `reused`; return its marker.
 
-    The marker says ``"linked": false`` when the files had to be copied.
+    The marker's ``reused`` says how: ``link`` (hard links), ``copy`` (the filesystem refused
+    links) or ``clone`` (renumbered). None when a shard to renumber cannot be (a multi-part
+    RecordIO record): nothing is left of it, and the caller writes its records instead.
     """
     clear_part(tmp, number, shard_cls)
-    shard = LinkedShard(tmp / shard_name(number), shard_cls, reused, first_id=first_id)
+    try:
+        shard = LinkedShard(tmp / shard_name(number), shard_cls, reused, first_id=first_id)
+    except PackerError:
+        if reused.renumber_from is None:
+            raise
+        clear_part(tmp, number, shard_cls)
+        return None
     part = ShardPart(tmp, number, shard_cls, first_id=first_id, shard=shard)
-    part.marker["linked"] = shard.linked
+    part.marker["reused"] = shard.how
     part.add_batch(reused.records)
     return part.finish([])

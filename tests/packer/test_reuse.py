@@ -17,6 +17,7 @@ import lmdb
 import pytest
 
 from packer.append import append, append_config, read_dataset
+from packer.errors import PackerError
 from packer.regroup import merge_datasets, split_dataset
 from packer.repack import KILL_AT_ENV
 from packer.verify import verify
@@ -231,3 +232,60 @@ def test_split_into_one_part_links_every_shard(tmp_path: Path, fmt: str) -> None
     mine, theirs = shard_files(out), shard_files(src)
     assert mine.keys() == theirs.keys()
     assert all(mine[n].stat().st_ino == theirs[n].stat().st_ino for n in mine)
+
+
+def test_recordio_shards_that_move_are_cloned_and_renumbered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's RecordIO shards keep their bytes but for the ids: a clone with the ids rewritten
+    (B untouched); a shard with a multi-part record, which cannot be renumbered in place, is
+    written record by record instead."""
+    import cv2
+    import numpy as np
+
+    from packer.transform import Transform
+    from packer.writers.recordio import RecordIOShardWriter
+    from readers.formats.recordio import MAGIC_BYTES
+
+    write_tree(tmp_path / "a", {"magic": 2, "noise": 2})
+    b_src = tmp_path / "b"
+    for k in range(3):  # grey pixels that hold the magic word at every alignment: multi-part
+        flat = np.frombuffer(MAGIC_BYTES * 40, np.uint8)[k : k + 144].reshape(12, 12)
+        (b_src / "magic").mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(b_src / "magic" / f"m{k}.png"), flat)
+    rng = np.random.default_rng(1)
+    (b_src / "noise").mkdir()
+    for k in range(4):
+        cv2.imwrite(str(b_src / "noise" / f"n{k}.png"), rng.integers(0, 200, (12, 12), np.uint8))
+    a = build_packed(tmp_path / "a", tmp_path / "a.rec", "recordio", workers=1, shard_size=1500)
+    raw = Transform(encode="raw")
+    b = build_packed(
+        b_src, tmp_path / "b.rec", "recordio", workers=1, shard_size=300, transform=raw
+    )
+    b_meta = json.loads((b / META_NAME).read_text())
+    before = snapshot(b)
+    calls: list[tuple[int, bool]] = []  # (old first id, renumbered)
+    real = RecordIOShardWriter.renumber.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: Any, base: Path, old: int, new: int, offsets: list[Any]) -> Any:
+        try:
+            size = real(cls, base, old, new, offsets)
+        except PackerError:
+            calls.append((old, False))
+            raise
+        calls.append((old, True))
+        return size
+
+    monkeypatch.setattr(RecordIOShardWriter, "renumber", classmethod(spy))
+    out = tmp_path / "merged"
+    merge_datasets(out, [a, b], log=lambda _: None)
+    check_records(out, records(a) + records(b))
+    assert snapshot(b) == before
+    assert sorted(c[0] for c in calls) == [s["first"] for s in b_meta["shards"]]
+    assert {c[1] for c in calls} == {True, False}  # cloned and renumbered; or written anew
+    na = len(json.loads((a / META_NAME).read_text())["shards"])
+    files, theirs = shard_files(out), shard_files(b)
+    for k in range(len(b_meta["shards"])):
+        mine = files[f"shard-{na + k:05d}.rec"]
+        assert mine.stat().st_ino != theirs[f"shard-{k:05d}.rec"].stat().st_ino
+        assert mine.stat().st_nlink == 1
