@@ -13,7 +13,9 @@ split) use it; nothing here decodes an image.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import hashlib
 import json
 import os
@@ -181,8 +183,25 @@ def repack(
     tmp = temp_dir_for(cfg.out)
     check_output_apart(cfg.out, source.inputs, build_dir=tmp, overwrite=cfg.overwrite)
     prepare_parent(cfg.out)
-    with build_lock(cfg.out):
+    with build_lock(cfg.out), _no_cyclic_gc():
         return _repack(cfg, source, tmp, log or (lambda msg: print(msg, file=sys.stderr)))
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (reference counting still frees everything).
+
+    A repack makes no reference cycles, but it keeps a shard's index rows (tens of thousands of
+    tuples) alive while it allocates: each collection would walk them all, for nothing (4 % of
+    a convert's instructions).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:

@@ -33,9 +33,9 @@ class RecordBatch:
         compression: the compression of raw pixels, or None.
         int_labels: when every label is an int (not a bool), the labels as int64: the fast
             path of the writers (a class-id dataset); None otherwise.
-        stored_sizes: the size of each record's stored bytes when `data` is empty: the
-            description of a shard that is reused whole (`packer.writers.part.link_part`),
-            whose bytes are not read.
+        stored_sizes: the size of each record's stored bytes; None: ``len`` of each of `data`
+            (then kept here). Given with `data` empty, the batch describes records whose bytes
+            are not read: a shard reused whole (`packer.writers.reuse`).
     """
 
     rel: list[str]
@@ -55,7 +55,9 @@ class RecordBatch:
 
     def sizes(self) -> list[int]:
         """The size of each record's stored bytes."""
-        return list(map(len, self.data)) if self.stored_sizes is None else self.stored_sizes
+        if self.stored_sizes is None:
+            self.stored_sizes = list(map(len, self.data))  # (kept: the same from now on)
+        return self.stored_sizes
 
     def record(self, i: int) -> Record:
         """Record `i` of the batch as a `Record` (for the per-record paths)."""

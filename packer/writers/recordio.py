@@ -227,11 +227,11 @@ class RecordIOShardWriter(ShardWriter):
         starts = np.zeros(n, np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         blob = b"".join(parts)
-        words = np.frombuffer(blob, dtype="<u4")
-        found = np.flatnonzero(words == MAGIC) * 4
-        if len(found) != n or not np.array_equal(found, starts):
+        words = np.frombuffer(blob, dtype="<u4") == MAGIC
+        # each record starts with the magic; any other aligned one is inside a payload
+        if np.count_nonzero(words) != n or not words[starts // 4].all():
             # a payload holds the magic at an aligned offset: that record takes several parts
-            inside = np.setdiff1d(found, starts)
+            inside = np.setdiff1d(np.flatnonzero(words) * 4, starts)
             for j in np.unique(np.searchsorted(starts, inside, side="right") - 1).tolist():
                 payload = parts[3 * j][RECORD_HEAD.size :] + parts[3 * j + 1]
                 parts[3 * j : 3 * j + 3] = [encode_record(payload), b"", b""]

@@ -58,7 +58,7 @@ def read_stored(shard_path: str, locals_: Sequence[int]) -> Iterator[bytes]:
     """
     with shared_lmdb(shard_path).begin() as txn:
         get = txn.get
-        values = [get(key) for key in map(image_key, locals_)]
+        values = [get(b"image-%09d" % n) for n in locals_]  # image_key, inlined
     if None in values:
         missing = image_key(locals_[values.index(None)]).decode()
         raise DatasetFormatError(f"{shard_path}: the key {missing} is missing")
