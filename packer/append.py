@@ -37,7 +37,7 @@ from packer.plan import ShardPlan, plan_digest, plan_shards, save_plan, source_s
 from packer.problems import DUPLICATE, Problem
 from packer.records import Entry
 from packer.scan import name_collisions
-from packer.swap import exchange_dirs, link_entry
+from packer.swap import exchange_dirs
 from packer.transform import Transform, parse_resize
 from packer.writers.merge import merge_parts
 from readers.durable import fsync_path, write_durably
@@ -46,7 +46,6 @@ from readers.formats.layout import (
     INDEX_NAME,
     META_NAME,
     WARNINGS_NAME,
-    parse_shard_name,
 )
 from readers.index import fingerprint
 from readers.meta import load_meta, make_meta
@@ -226,16 +225,15 @@ def _drop_duplicates(
 
 
 def _link_old_shards(out: Path, tmp: Path, meta: dict[str, Any]) -> bool:
-    """Hard-link every file of OUT's shards into `tmp`; True when none had to be copied."""
-    names = {str(s["name"]) for s in meta["shards"]}
+    """Hard-link OUT's shards into `tmp`; True when none had to be copied.
+
+    ``ShardWriter.link`` does it: a lock file, which LMDB writes in place, is copied.
+    """
+    shard_cls = FORMATS[str(meta["format"])].writer
     linked = True
-    for path in sorted(out.iterdir()):
-        number = parse_shard_name(path.name)
-        if number is None:
-            continue
-        base = path.name.split(".", 1)[0]
-        if base in names:
-            linked = link_entry(path, tmp / path.name) and linked
+    for shard in meta["shards"]:
+        name = str(shard["name"])
+        linked = shard_cls.link(out / name, tmp / name) and linked
     return linked
 
 

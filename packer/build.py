@@ -181,11 +181,23 @@ def _already_complete(
     return BuildSummary.of_complete(cfg.out, meta, started)
 
 
-def finish_output(tmp: Path, out: Path, meta: dict[str, Any], *, overwrite: bool) -> None:
-    """Drop the build's own files from `tmp`, write its meta.json last and publish it as `out`."""
+def finish_output(
+    tmp: Path,
+    out: Path,
+    meta: dict[str, Any],
+    *,
+    overwrite: bool,
+    before_publish: Callable[[], None] | None = None,
+) -> None:
+    """Drop the build's own files from `tmp`, write its meta.json last and publish it as `out`.
+
+    `before_publish` is called between the two (the kill tests of ``packer convert`` stop there).
+    """
     for name in (PLAN_NAME, MERGING_NAME):
         (tmp / name).unlink(missing_ok=True)
     write_durably(tmp / META_NAME, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
+    if before_publish is not None:
+        before_publish()
     publish_output(tmp, out, overwrite=overwrite)
 
 

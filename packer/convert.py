@@ -14,7 +14,6 @@ build makes (``--no-decode-check``: headers only). OUT is written by `packer.rep
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +23,14 @@ import numpy as np
 
 from packer.build import BuildSummary
 from packer.errors import ConfigError, PackerError
-from packer.prepare import prepare_bytes
+from packer.packed import PackedRecords
 from packer.problems import UNREADABLE, Problem
-from packer.records import Record
 from packer.repack import Item, RepackConfig, RepackSource, repack
 from readers.errors import ReaderError
 from readers.formats import BARE_FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
-from readers.index import load_index
 
 TARGETS = ("packer", "webdataset", "folder")
-CRC_MISMATCH = "crc_mismatch"  # a packer dataset's record whose bytes differ from its index
 
 
 class ConvertInputError(PackerError):
@@ -89,72 +85,32 @@ def _file_identity(paths: list[Path]) -> str:
     return "\n".join(parts)
 
 
-def _column(values: Any, n: int, default: Any) -> list[Any]:
-    if values is None:
-        return [default] * n
-    return list(values.to_pylist() if hasattr(values, "to_pylist") else values.tolist())
-
-
 def _open_packed(root: Path) -> ConvertInput:
-    extra = ("width", "height", "channels", "format", "path")
-    index = load_index(root, extra=extra)
-    fmt = REGISTRY[index.format]
-    n = len(index)
-    cols = {name: _column(index.extra.get(name), n, None) for name in extra}
-    offsets = index.offset if index.offset is not None else np.zeros(n, dtype=np.int64)
-    bounds = index.shard_bounds
-    paths = [fmt.shard_path(root, name) for name in index.shard_names]
-    labels = index.labels
-
-    def read(start: int, stop: int) -> Iterator[Item]:
-        shard = int(np.searchsorted(bounds, start, side="right")) - 1
-        i = start
-        while i < stop:
-            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
-            end = min(stop, hi)
-            stored = fmt.read_stored(paths[shard], i - lo, offsets[i:end].tolist())
-            for j, data in zip(range(i, end), stored, strict=False):
-                rel = cols["path"][j] or f"{j}"
-                crc = zlib.crc32(data)
-                if crc != int(index.crc32[j]):
-                    yield Problem(
-                        rel,
-                        CRC_MISMATCH,
-                        f"sample {j}: the stored bytes have CRC-32 {crc:08x}, the index says "
-                        f"{int(index.crc32[j]):08x} (run packer verify on IN)",
-                    )
-                    continue
-                yield Record(
-                    rel,
-                    labels[j],
-                    data,
-                    cols["format"][j],
-                    cols["width"][j],
-                    cols["height"][j],
-                    cols["channels"][j],
-                    crc,
-                )
-            i, shard = end, shard + 1
-
+    records = PackedRecords(root)
+    index = records.index
     meta = index.meta
     files = [root / META_NAME] + [
-        root / f for name in index.shard_names for f in fmt.shard_files(name)
+        root / f for name in index.shard_names for f in records.fmt.shard_files(name)
     ]
     identity = f"{meta.get('index_sha256')}\n{_file_identity(files)}"
     source = RepackSource(
         sizes=index.nbytes.astype(np.int64).tolist(),
-        read=read,
+        read=records.read,
         identity=identity,
         inputs=[root],
         source=str(root),
         classes=meta.get("classes"),
         label_source=str(meta.get("label_source") or "none"),
         class_map=meta.get("class_map"),
+        compressed=records.compression is not None,
+        read_batches=records.read_batches,
     )
     return ConvertInput(source, "packer")
 
 
 def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
+    from packer.prepare import prepare_bytes  # the decode check: only for bare inputs
+
     for fmt in BARE_FORMATS.values():
         found = fmt.find_bare(root)
         if found is None:

@@ -144,7 +144,13 @@ def append(
 def merge(
     out: Annotated[Path, typer.Argument(help="The dataset to write.")],
     sources: Annotated[list[Path], typer.Argument(help="Two or more datasets of one format.")],
-    shard_size: Annotated[str, typer.Option(help="As for build.")] = "1GiB",
+    shard_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan new shards of this size (default: keep the sources' shards, hard-linking "
+            "those whose bytes stay the same)."
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
     resume: Annotated[
         bool, typer.Option(help="Keep the finished shards of an interrupted run.")
@@ -152,13 +158,18 @@ def merge(
 ) -> None:
     """Write one dataset from several of the same format, records copied without decoding.
 
-    Class names are united (ids remapped, each source's map in meta.json).
+    Class names are united (ids remapped, each source's map in meta.json); a source shard
+    whose bytes stay the same is hard-linked, not copied.
     """
     from packer.regroup import merge_datasets
 
     try:
         summary = merge_datasets(
-            out, sources, shard_size=parse_size(shard_size), overwrite=overwrite, resume=resume
+            out,
+            sources,
+            shard_size=parse_size(shard_size) if shard_size else None,
+            overwrite=overwrite,
+            resume=resume,
         )
     except PackerError as exc:
         raise _fail(exc) from None

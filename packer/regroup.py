@@ -1,16 +1,20 @@
 """``packer merge`` and ``packer split``: datasets made of other datasets' stored records.
 
-Records are copied as stored (bytes, label, path, size, format; nothing is decoded) through
-`packer.repack`, so each output is written, checked and published like a build. A merge
-unites the class names (the first dataset's keep their ids, names new in a later one get the
-next ids; each source's old -> new id table is recorded in meta.json); a split assigns every
-id of a dataset to exactly one part, by a seeded permutation (per label when stratified) and
-largest-remainder counts, so the parts are disjoint, together complete, and the same for the
-same seed.
+Records are copied as stored (bytes, label, path, size, format; nothing is decoded, every
+record's CRC-32 checked) through `packer.repack`, so each output is written, checked and
+published like a build. A shard of a source that an output holds whole, in order, with bytes
+that would not change (the same labels; for RecordIO, whose records carry their global id,
+the same ids) is not copied but hard-linked (`packer.writers.reuse`). A merge keeps the
+sources' shards (unless ``--shard-size`` asks for new ones) and unites the class names (the
+first dataset's keep their ids, names new in a later one get the next ids; each source's old ->
+new id table is recorded in meta.json); a split assigns every id of a dataset to exactly one
+part, by a seeded permutation (per label when stratified) and largest-remainder counts, so the
+parts are disjoint, together complete, and the same for the same seed.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -22,11 +26,14 @@ import numpy as np
 from packer.append import read_dataset
 from packer.build import BuildSummary
 from packer.errors import ConfigError, PackerError
+from packer.formats import FORMATS
 from packer.labels.classmap import remap_label, unite_classes
-from packer.records import Record
+from packer.packed import PackedRecords
+from packer.plan import plan_shards
+from packer.problems import Problem
 from packer.repack import Item, RepackConfig, RepackSource, repack
-from readers import open_dataset
-from readers.formats.layout import INDEX_NAME
+from packer.writers.batch import RecordBatch
+from packer.writers.reuse import ReusedShard
 
 
 def parse_fractions(text: str) -> dict[str, float]:
@@ -101,60 +108,168 @@ def assign_splits(
     }
 
 
-def _rows(root: Path) -> list[dict[str, Any]]:
-    with open(root / INDEX_NAME, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+class _Selection:
+    """The inputs of an output, in order: record ``ids[p]`` of dataset ``which[p]``.
 
+    Reads them a batch at a time with their labels remapped by each dataset's class table,
+    plans their shards, and finds the shards that can be reused whole.
+    """
 
-def _reader(
-    root: Path, rows: list[dict[str, Any]], ids: list[int], relabel: Callable[[Any], Any]
-) -> Callable[[int, int], Iterator[Item]]:
-    """``read(start, stop)``: the records of ``ids[start:stop]`` of `root`, as stored."""
+    def __init__(
+        self,
+        datasets: list[PackedRecords],
+        which: np.ndarray,
+        ids: np.ndarray,
+        tables: list[list[int] | None],
+    ) -> None:
+        self.datasets = datasets
+        self.which = which
+        self.ids = ids
+        self.tables = tables
+        self.arrays = [None if t is None else np.asarray(t, np.int64) for t in tables]
+        self.shard_cls = FORMATS[datasets[0].fmt.name].writer
+        self.sizes = np.zeros(len(ids), np.int64)
+        for n, dataset in enumerate(datasets):
+            self.sizes[which == n] = dataset.index.nbytes[ids[which == n]]
 
-    def read(start: int, stop: int) -> Iterator[Item]:
-        ds = open_dataset(str(root), decode="bytes")
-        for i in ids[start:stop]:
-            data, _ = ds[i]
-            row = rows[i]
-            yield Record(
-                rel=str(row["path"]),
-                label=relabel(row.get("label")),
-                data=bytes(data),
-                format=str(row["format"]),
-                width=int(row["width"]),
-                height=int(row["height"]),
-                channels=int(row["channels"]),
-                crc32=int(row["crc32"]),
-            )
+    def _runs(self, start: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``start..stop-1`` cut where the dataset changes: (dataset, its ids)."""
+        while start < stop:
+            n = int(self.which[start])
+            end = start + int(np.argmax(np.append(self.which[start:stop] != n, True)))
+            yield n, self.ids[start:end]
+            start = end
 
-    return read
+    def _relabel(self, n: int, batch: RecordBatch) -> RecordBatch:
+        table = self.tables[n]
+        if table is None:
+            return batch
+        if batch.int_labels is not None:
+            array = self.arrays[n]
+            assert array is not None
+            batch.int_labels = array[batch.int_labels]
+            batch.label = batch.int_labels.tolist()
+        else:
+            batch.label = [remap_label(label, table) for label in batch.label]
+        return batch
 
+    def read_batches(self, start: int, stop: int) -> Iterator[RecordBatch | Problem]:
+        """Inputs ``start..stop-1``: batches of records (labels remapped) and problems."""
+        for n, ids in self._runs(start, stop):
+            for item in self.datasets[n].read_ids(ids):
+                yield item if isinstance(item, Problem) else self._relabel(n, item)
 
-def _chain(readers: list[tuple[int, Callable[[int, int], Iterator[Item]]]]) -> Any:
-    """One ``read(start, stop)`` over several sources laid end to end (first ids given)."""
-    bounds = [first for first, _ in readers]
+    def read(self, start: int, stop: int) -> Iterator[Item]:
+        """Inputs ``start..stop-1`` one by one."""
+        for item in self.read_batches(start, stop):
+            if isinstance(item, Problem):
+                yield item
+            else:
+                yield from (item.record(i) for i in range(len(item)))
 
-    def read(start: int, stop: int) -> Iterator[Item]:
-        for n, (first, part) in enumerate(readers):
-            end = bounds[n + 1] if n + 1 < len(bounds) else stop
-            lo, hi = max(start, first), min(stop, end)
-            if lo < hi:
-                yield from part(lo - first, hi - first)
+    def _whole(self, start: int, stop: int) -> tuple[int, int] | None:
+        """(dataset, shard) when inputs ``start..stop-1`` are exactly one source shard."""
+        n = int(self.which[start])
+        lo, hi = int(self.ids[start]), int(self.ids[stop - 1]) + 1
+        if int(self.which[stop - 1]) != n or hi - lo != stop - start:
+            return None
+        bounds = self.datasets[n].index.shard_bounds
+        shard = int(np.searchsorted(bounds, lo, side="right")) - 1
+        return (n, shard) if (int(bounds[shard]), int(bounds[shard + 1])) == (lo, hi) else None
 
-    return read
+    def reuse(self, start: int, stop: int, first_id: int) -> ReusedShard | None:
+        """The source shard that planned shard ``start..stop-1`` reproduces, or None.
+
+        It does when the shard holds exactly one source shard's records in order, its format
+        can reuse shards and the stored labels stay (the class table maps each of its labels
+        to itself). For a format whose files hold global ids, where `first_id` is not the
+        source shard's, the shard is to be cloned and renumbered (``renumber_from``).
+        """
+        whole = self._whole(start, stop)
+        if whole is None or not self.shard_cls.reusable:
+            return None
+        n, shard = whole
+        source = self.datasets[n]
+        lo, hi = int(source.index.shard_bounds[shard]), int(source.index.shard_bounds[shard + 1])
+        entry = source.meta["shards"][shard]
+        if entry.get("file_bytes") is None:
+            return None
+        records = source.describe(lo, hi)
+        table = self.tables[n]
+        if table is not None:
+            if records.int_labels is not None:
+                array = self.arrays[n]
+                assert array is not None
+                if not np.array_equal(array[records.int_labels], records.int_labels):
+                    return None
+            elif any(remap_label(label, table) != label for label in records.label):
+                return None
+        moved = self.shard_cls.global_keys and first_id != lo  # its ids are rewritten
+        return ReusedShard(
+            source.root / str(entry["name"]),
+            records,
+            source.offsets[lo:hi],
+            int(entry["file_bytes"]),
+            renumber_from=lo if moved else None,
+        )
+
+    def source_shards(self) -> list[tuple[int, int]]:
+        """The plan that keeps the sources' shards: each one a planned shard, in order."""
+        runs, at = [], 0
+        for n, dataset in enumerate(self.datasets):
+            count = int((self.which == n).sum())
+            bounds = dataset.index.shard_bounds
+            if count != len(dataset.index) or not np.array_equal(
+                self.ids[at : at + count], np.arange(count)
+            ):
+                raise ValueError("source_shards: a selection of whole datasets expected")
+            runs += [(at + int(a), at + int(b)) for a, b in itertools.pairwise(bounds) if b > a]
+            at += count
+        return runs
+
+    def planned(self, shard_size: int) -> list[tuple[int, int]]:
+        """Shards of at most `shard_size` bytes, each source shard held whole on its own."""
+        runs: list[tuple[int, int]] = []
+        gap = 0
+
+        def flush(end: int) -> None:
+            plan = plan_shards(self.sizes[gap:end].tolist(), shard_size)
+            runs.extend((gap + s.start, gap + s.stop) for s in plan)
+
+        for n, dataset in enumerate(self.datasets):
+            bounds = dataset.index.shard_bounds
+            positions = np.flatnonzero(self.which == n)
+            ids = self.ids[positions]
+            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+                at = int(np.searchsorted(ids, lo))
+                if hi <= lo or at + hi - lo > len(ids) or int(ids[at + hi - lo - 1]) != hi - 1:
+                    continue
+                start = int(positions[at])
+                if int(ids[at]) != lo or int(positions[at + hi - lo - 1]) != start + hi - lo - 1:
+                    continue
+                if start > gap:
+                    flush(start)
+                runs.append((start, start + hi - lo))
+                gap = start + hi - lo
+        if gap < len(self.ids):
+            flush(len(self.ids))
+        return runs
 
 
 def merge_datasets(
     out: Path,
     sources: list[Path],
     *,
-    shard_size: int = 1 << 30,
+    shard_size: int | None = None,
     overwrite: bool = False,
     resume: bool = False,
     progress: bool | None = None,
     log: Callable[[str], None] | None = None,
 ) -> BuildSummary:
     """Write the datasets `sources`, in order, as one dataset `out` (ids follow each other).
+
+    `shard_size` None keeps the sources' shards (each reused whole where its bytes stay);
+    else the shards are planned by size.
 
     Raises:
         PackerError: fewer than two sources, of different formats, or some with class names
@@ -178,44 +293,49 @@ def merge_datasets(
             "merge datasets whose labels are of one kind"
         )
     classes: list[str] | None = list(metas[0]["classes"]) if with_classes[0] else None
+    datasets = [PackedRecords(p) for p in sources]
     merged: list[dict[str, Any]] = []
-    readers = []
-    sizes: list[int] = []
-    for path, meta in zip(sources, metas, strict=True):
-        rows = _rows(path)
+    tables: list[list[int] | None] = []
+    first = 0
+    for path, meta, dataset in zip(sources, metas, datasets, strict=True):
         table: list[int] | None = None
         if classes is not None:
             classes, table = unite_classes(classes, list(meta["classes"]), grow=True)
-
-        def relabel(label: Any, table: list[int] | None = table) -> Any:
-            return label if table is None or label is None else remap_label(label, table)
-
-        readers.append((len(sizes), _reader(path, rows, list(range(len(rows))), relabel)))
+        tables.append(None if table is None or table == list(range(len(table))) else table)
         merged.append(
             {
                 "path": str(path),
-                "first_id": len(sizes),
-                "num_samples": len(rows),
+                "first_id": first,
+                "num_samples": dataset.n,
                 "index_sha256": meta.get("index_sha256"),
                 "class_ids": table,  # old class id -> id in this dataset
             }
         )
-        sizes.extend(int(r["nbytes"]) for r in rows)
+        first += dataset.n
+    which = np.repeat(np.arange(len(datasets)), [d.n for d in datasets])
+    ids = np.concatenate([np.arange(d.n, dtype=np.int64) for d in datasets])
+    selection = _Selection(datasets, which, ids, tables)
+    keep = shard_size is None
+    size = shard_size or int((metas[0].get("options") or {}).get("shard_size") or 1 << 30)
     source = RepackSource(
-        sizes=sizes,
-        read=_chain(readers),
+        sizes=selection.sizes.tolist(),
+        read=selection.read,
         identity=json.dumps([[m["path"], m["index_sha256"]] for m in merged]),
         inputs=list(sources),
         source="merge: " + ", ".join(str(p) for p in sources),
-        options={"merged": merged},
+        options={"merged": merged, "kept_shards": keep},
         classes=classes,
         label_source=str(metas[0].get("label_source")),
         class_map="united" if classes is not None else None,
+        compressed=any(d.compression is not None for d in datasets),
+        read_batches=selection.read_batches,
+        plan=selection.source_shards() if keep else None,  # None: shards of `size`
+        reuse=selection.reuse,
     )
     cfg = RepackConfig(
         out=out,
         format=formats.pop(),
-        shard_size=shard_size,
+        shard_size=size,
         overwrite=overwrite,
         resume=resume,
         progress=progress,
@@ -237,25 +357,29 @@ def split_dataset(
 ) -> dict[str, BuildSummary]:
     """Write ``into/<name>`` for each part of `fractions`: the records `assign_splits` gives.
 
+    A source shard that a part holds whole (at its own ids, for RecordIO) is reused whole.
+
     Raises:
         PackerError: a part would be empty; and what `packer.repack.repack` raises.
     """
     meta = read_dataset(root)
-    rows = _rows(root)
-    parts = assign_splits([r.get("label") for r in rows], fractions, seed=seed, stratify=stratify)
+    dataset = PackedRecords(root)
+    labels, _ = dataset.labels(0, dataset.n)
+    parts = assign_splits(labels, fractions, seed=seed, stratify=stratify)
     empty = [name for name, ids in parts.items() if len(ids) == 0]
     if empty:
         raise PackerError(
-            f"packer split: {root} has {len(rows)} samples, too few for a part {empty[0]!r} of "
+            f"packer split: {root} has {dataset.n} samples, too few for a part {empty[0]!r} of "
             f"{fractions[empty[0]]:g}; give it a larger fraction or leave it out"
         )
     size = shard_size or int((meta.get("options") or {}).get("shard_size") or 1 << 30)
     summaries = {}
     for name, ids in parts.items():
-        chosen = [int(i) for i in ids]
+        chosen = np.asarray(ids, np.int64)
+        selection = _Selection([dataset], np.zeros(len(chosen), np.int64), chosen, [None])
         source = RepackSource(
-            sizes=[int(rows[i]["nbytes"]) for i in chosen],
-            read=_reader(root, rows, chosen, lambda label: label),
+            sizes=selection.sizes.tolist(),
+            read=selection.read,
             identity=json.dumps([str(root), meta.get("index_sha256"), name, seed, stratify]),
             inputs=[root],
             source=f"split {name} of {root}",
@@ -272,6 +396,10 @@ def split_dataset(
             classes=meta.get("classes"),
             label_source=str(meta.get("label_source")),
             class_map=meta.get("class_map"),
+            compressed=dataset.compression is not None,
+            read_batches=selection.read_batches,
+            plan=selection.planned(size),
+            reuse=selection.reuse,
         )
         cfg = RepackConfig(
             out=into / name,

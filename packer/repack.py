@@ -13,10 +13,14 @@ split) use it; nothing here decodes an image.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import hashlib
 import json
+import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +30,6 @@ from typing import Any
 
 from packer import __version__
 from packer.build import BuildSummary, finish_output, prepare_build_dir, temp_dir_for
-from packer.engines import progress_bar
 from packer.errors import ConfigError, DiskFullError, InputError, OutputExistsError, PackerError
 from packer.formats import FORMATS
 from packer.output import build_lock, check_output_apart, prepare_parent
@@ -39,9 +42,11 @@ from packer.plan import (
 )
 from packer.problems import Problem
 from packer.records import Record
-from packer.task import start_part
+from packer.writers.base import ShardWriter
+from packer.writers.batch import RecordBatch
 from packer.writers.merge import merge_parts
-from packer.writers.part import read_done
+from packer.writers.part import ShardPart, read_done, start_part
+from packer.writers.reuse import ReusedShard, link_part
 from readers.durable import write_durably
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
 from readers.index import fingerprint
@@ -49,6 +54,21 @@ from readers.meta import make_meta
 
 Item = Record | Problem
 """One input of a repack: a record to store, or why it cannot be stored."""
+
+KILL_AT_ENV = "PACKER_REPACK_KILL_AT"
+"""Test hook: ``kill -9`` the repacking process itself at the named step (`STEPS`)."""
+
+STEPS = ("writing", "shard", "merging", "merged", "meta")
+"""Where a repack (convert, merge, split) can be killed for the tests: amid planned shard 1,
+its first records written; planned shard 0 finished, before shard 1; amid the index merge,
+the first part merged; the index, errors and warnings written; meta.json written, just before
+OUT is published."""
+
+
+def _checkpoint(step: str) -> None:
+    """The test hook: die here, as by ``kill -9``, when `KILL_AT_ENV` names this step."""
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,17 @@ class RepackSource:
         label_source: meta.json's ``label_source``.
         class_map: meta.json's ``class_map``.
         problems: inputs found unusable before writing (they go to errors.jsonl first).
+        compressed: some records are compressed raw pixels (index.parquet then has a
+            ``compression`` column).
+        read_batches: optional, ``read_batches(start, stop)`` yields the same items as
+            ``read(start, stop)``, but runs of records as `RecordBatch` values (records whose
+            description is known, e.g. from a packer dataset's index): they are written a
+            batch at a time, to the same bytes.
+        plan: optional, the inputs of each shard as ``(start, stop)`` runs, laid end to end
+            (instead of shards planned by size).
+        reuse: optional, ``reuse(start, stop, first_id)`` gives the `ReusedShard` that a
+            planned shard of inputs ``start..stop-1`` whose first sample id is `first_id`
+            reproduces byte for byte, or None; such a shard is hard-linked, not written.
     """
 
     sizes: list[int]
@@ -114,6 +145,10 @@ class RepackSource:
     label_source: str = "none"
     class_map: Any = None
     problems: list[Problem] = field(default_factory=list)
+    compressed: bool = False
+    read_batches: Callable[[int, int], Iterator[RecordBatch | Problem]] | None = None
+    plan: list[tuple[int, int]] | None = None
+    reuse: Callable[[int, int, int], ReusedShard | None] | None = None
 
 
 def repack_digest(cfg: RepackConfig, source: RepackSource) -> str:
@@ -123,6 +158,8 @@ def repack_digest(cfg: RepackConfig, source: RepackSource) -> str:
     digest.update(json.dumps(options, sort_keys=True, default=str).encode())
     digest.update(b"\0" + source.identity.encode() + b"\0")
     digest.update(json.dumps(source.sizes).encode())
+    if source.plan is not None:
+        digest.update(b"\0" + json.dumps(source.plan).encode())
     return digest.hexdigest()
 
 
@@ -146,8 +183,25 @@ def repack(
     tmp = temp_dir_for(cfg.out)
     check_output_apart(cfg.out, source.inputs, build_dir=tmp, overwrite=cfg.overwrite)
     prepare_parent(cfg.out)
-    with build_lock(cfg.out):
+    with build_lock(cfg.out), _no_cyclic_gc():
         return _repack(cfg, source, tmp, log or (lambda msg: print(msg, file=sys.stderr)))
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (reference counting still frees everything).
+
+    A repack makes no reference cycles, but it keeps a shard's index rows (tens of thousands of
+    tuples) alive while it allocates: each collection would walk them all, for nothing (4 % of
+    a convert's instructions).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:
@@ -163,50 +217,155 @@ def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:
     return BuildSummary.of_complete(out, meta, started)
 
 
+class _NoBar:
+    """The progress bar when none is shown (tqdm is then not even imported)."""
+
+    def update(self, n: int) -> None:
+        """Do nothing."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(total: int, enabled: bool | None) -> Any:
+    if enabled is False or (enabled is None and not sys.stderr.isatty()):
+        return _NoBar()
+    from packer.engines import progress_bar
+
+    return progress_bar(total, enabled)
+
+
 def _write_shards(
     cfg: RepackConfig,
     source: RepackSource,
     tmp: Path,
     shards: list[ShardPlan],
     finished: set[int],
+    say: Callable[[str], None],
 ) -> None:
-    """Write the planned shards not in `finished`, in order, in this process."""
+    """Write (or link) the planned shards not in `finished`, in order, in this process."""
     shard_cls = FORMATS[cfg.format].writer
     total = len(source.sizes)
-    with progress_bar(total, cfg.progress) as bar:
+    copied = 0  # reused shards copied because the filesystem refused hard links
+    with _progress(total, cfg.progress) as bar:
         first_id = 0
         for shard in shards:
             done = read_done(tmp, shard.number) if shard.number in finished else None
-            if done is not None:
+            if done is None and source.reuse is not None:
+                reused = source.reuse(shard.start, shard.stop, first_id)
+                if reused is not None:
+                    done = link_part(tmp, shard.number, shard_cls, reused, first_id=first_id)
+                    copied += done is not None and done["reused"] == "copy"
+                if done is not None:
+                    bar.update(shard.stop - shard.start)
+            elif done is not None:
                 bar.update(shard.stop - shard.start)
-                first_id += int(done["count"])
-                continue
-            part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
-            try:
-                problems: list[Problem] = []
-                count = 0
-                for item in source.read(shard.start, shard.stop):
-                    count += 1
-                    found = item if isinstance(item, Problem) else shard_cls.check(item)
-                    if found is not None:
-                        if cfg.on_error == "fail":
-                            raise InputError(found.path, found.reason, found.message)
-                        problems.append(found)
-                    else:
-                        assert isinstance(item, Record)
-                        part.add(item)
-                    if count % 256 == 0:
-                        bar.update(256)
-                if count != shard.stop - shard.start:
-                    raise RuntimeError(
-                        f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
-                    )
-                bar.update(count % 256)
-                done = part.finish(problems)
-            except BaseException:
-                part.abort()
-                raise
+            if done is None:
+                done = _write_shard(cfg, source, tmp, shard, shard_cls, first_id, bar)
             first_id += int(done["count"])
+            if shard.number == 0:
+                _checkpoint("shard")
+    if copied:
+        say(
+            f"{copied} shard(s) that could be hard links of the sources' were copied: "
+            f"{tmp.parent} does not take hard links to them (another filesystem?)"
+        )
+
+
+def _write_shard(
+    cfg: RepackConfig,
+    source: RepackSource,
+    tmp: Path,
+    shard: ShardPlan,
+    shard_cls: type[ShardWriter],
+    first_id: int,
+    bar: Any,
+) -> dict[str, Any]:
+    """Write planned shard `shard` from its inputs; return its completion marker."""
+    part = start_part(tmp, shard.number, shard_cls, first_id=first_id)
+    try:
+        stop = _checkpoint if shard.number == 1 else None
+        if source.read_batches is not None:
+            batches = source.read_batches(shard.start, shard.stop)
+            problems, count = _add_batches(cfg, part, shard_cls, batches, bar, stop)
+        else:
+            items = source.read(shard.start, shard.stop)
+            problems, count = _add_items(cfg, part, shard_cls, items, bar, stop)
+        if count != shard.stop - shard.start:
+            raise RuntimeError(
+                f"the source gave {count} items for inputs {shard.start}..{shard.stop - 1}"
+            )
+        return part.finish(problems)
+    except BaseException:
+        part.abort()
+        raise
+
+
+def _refuse(cfg: RepackConfig, problem: Problem) -> Problem:
+    if cfg.on_error == "fail":
+        raise InputError(problem.path, problem.reason, problem.message)
+    return problem
+
+
+def _add_items(
+    cfg: RepackConfig,
+    part: ShardPart,
+    shard_cls: type[ShardWriter],
+    items: Iterator[Item],
+    bar: Any,
+    stop: Callable[[str], None] | None,
+) -> tuple[list[Problem], int]:
+    """Write `items` one by one; return the problems found and the number of items."""
+    problems: list[Problem] = []
+    count = 0
+    for item in items:
+        count += 1
+        found = item if isinstance(item, Problem) else shard_cls.check(item)
+        if found is not None:
+            problems.append(_refuse(cfg, found))
+        else:
+            assert isinstance(item, Record)
+            part.add(item)
+            if stop is not None:
+                stop("writing")
+        if count % 256 == 0:
+            bar.update(256)
+    bar.update(count % 256)
+    return problems, count
+
+
+def _add_batches(
+    cfg: RepackConfig,
+    part: ShardPart,
+    shard_cls: type[ShardWriter],
+    items: Iterator[RecordBatch | Problem],
+    bar: Any,
+    stop: Callable[[str], None] | None,
+) -> tuple[list[Problem], int]:
+    """Write `items` a batch at a time; the problems found and the number of inputs."""
+    problems: list[Problem] = []
+    count = 0
+    for item in items:
+        if isinstance(item, Problem):
+            problems.append(_refuse(cfg, item))
+            count += 1
+            bar.update(1)
+            continue
+        start = 0
+        for at, found in shard_cls.check_batch(item):
+            if at > start:
+                part.add_batch(item.take(range(start, at)))
+            problems.append(_refuse(cfg, found))
+            start = at + 1
+        part.add_batch(item if start == 0 else item.take(range(start, len(item))))
+        count += len(item)
+        bar.update(len(item))
+        if stop is not None:
+            stop("writing")
+    return problems, count
 
 
 def _repack(
@@ -223,14 +382,26 @@ def _repack(
     digest = repack_digest(cfg, source)
     if out_exists and not cfg.overwrite:  # --resume of a run that finished
         return _already_complete(out, digest, started)
-    shards = plan_shards(source.sizes, cfg.shard_size)
+    if source.plan is None:
+        shards = plan_shards(source.sizes, cfg.shard_size)
+    else:
+        shards = [ShardPlan(n, a, b) for n, (a, b) in enumerate(source.plan)]
+        ends = [0] + [s.stop for s in shards]
+        if [s.start for s in shards] != ends[:-1] or ends[-1] != len(source.sizes):
+            raise ValueError(f"the shard plan {source.plan} does not cover the inputs in order")
     finished = prepare_build_dir(tmp, digest, say, resume=cfg.resume)
     save_plan(tmp, digest, shards)
     shard_cls = FORMATS[cfg.format].writer
     try:
-        _write_shards(cfg, source, tmp, shards, finished)
+        _write_shards(cfg, source, tmp, shards, finished, say)
         (tmp / MERGING_NAME).touch()
-        merged = merge_parts(tmp, [s.number for s in shards], shard_cls=shard_cls)
+        merged = merge_parts(
+            tmp,
+            [s.number for s in shards],
+            shard_cls=shard_cls,
+            compressed=source.compressed,
+            after_part=lambda number: _checkpoint("merging") if number == 0 else None,
+        )
         found = source.problems + merged.problems
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
@@ -242,6 +413,7 @@ def _repack(
         write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
         notes = sorted(merged.notes, key=lambda n: (n["path"], n["reason"]))
         write_durably(tmp / WARNINGS_NAME, _jsonl(notes))
+        _checkpoint("merged")
         meta = make_meta(
             format=cfg.format,
             num_samples=merged.num_samples,
@@ -261,7 +433,9 @@ def _repack(
             writer=shard_cls.describe(),
             plan_digest=digest,
         )
-        finish_output(tmp, out, meta, overwrite=cfg.overwrite)
+        finish_output(
+            tmp, out, meta, overwrite=cfg.overwrite, before_publish=lambda: _checkpoint("meta")
+        )
     except BaseException as exc:
         # as in a build: an input error or a bug removes everything; an interruption keeps
         # the finished shards for --resume. OUT is not there either way.

@@ -7,7 +7,6 @@ rows and problems; `packer.build` then merges the parts into the dataset.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,7 @@ from packer.prepare import Prepared, prepare_entries
 from packer.problems import NO_LABEL, NO_LABEL_MESSAGE, Problem
 from packer.records import Entry, Record
 from packer.writers.base import ShardWriter
-from packer.writers.part import ShardPart, part_paths
-from readers.formats.layout import shard_name
+from packer.writers.part import start_part
 
 
 def check_input(
@@ -82,17 +80,6 @@ def write_shard(
     except BaseException:
         part.abort()
         raise
-
-
-def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int) -> ShardPart:
-    """Remove what an unfinished earlier write of shard `number` left in `tmp`; open its part."""
-    part_paths(tmp, number)["done"].unlink(missing_ok=True)  # unfinished from here on
-    for path in shard_cls.paths(tmp / shard_name(number)):
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    return ShardPart(tmp, number, shard_cls, first_id=first_id)
 
 
 def run_shard(

@@ -95,10 +95,61 @@ class Labels:
         return self.ints if self.kind == "int" else None
 
 
+# The columns are read with numpy from the Arrow buffers, not with pyarrow.compute: importing
+# pyarrow.compute (and pyarrow.dataset, which pq.read_table imports) costs more than reading
+# the index of a 35k-sample dataset.
+
+
+def _validity(array: Any) -> np.ndarray | None:
+    """Per value of the Arrow array, True where it is not null; None when none is null."""
+    if array.null_count == 0:
+        return None
+    bits = np.frombuffer(array.buffers()[0], np.uint8)
+    start = array.offset
+    return np.unpackbits(bits, bitorder="little")[start : start + len(array)].astype(np.bool_)
+
+
+def _ints(column: Any, dtype: Any, fill: int) -> np.ndarray:
+    """An integer column as a numpy array, `fill` where it is null."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    valid = _validity(array)
+    if valid is None:
+        return np.ascontiguousarray(array.to_numpy(), dtype=dtype)
+    values = np.frombuffer(array.buffers()[1], array.type.to_pandas_dtype())
+    values = values[array.offset : array.offset + len(array)]
+    return np.where(valid, values, fill).astype(dtype or values.dtype)
+
+
+def _string_codes(column: Any, names: tuple[str, ...]) -> np.ndarray:
+    """Per value of a string column: its index in `names`, -1 for another text, -2 for null."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    n = len(array)
+    codes = np.full(n, -1, np.int64)
+    if n == 0:
+        return codes
+    buffers = array.buffers()
+    wide = str(array.type) == "large_string"
+    offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)
+    offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    for code, name in enumerate(names):
+        text = np.frombuffer(name.encode(), np.uint8)
+        rows = np.flatnonzero(lengths == len(text))
+        if len(text) and len(rows):
+            found = data[offsets[rows, None] + np.arange(len(text))] == text
+            rows = rows[found.all(axis=1)]
+        codes[rows] = code
+    valid = _validity(array)
+    if valid is not None:
+        codes[~valid] = -2
+    return codes
+
+
 def _column(table: Any, name: str, dtype: Any, *, fill: int | None = None) -> np.ndarray:
     column = table.column(name)
     if fill is not None:
-        column = column.fill_null(fill)
+        return _ints(column, dtype, fill)
     return np.ascontiguousarray(column.to_numpy(), dtype=dtype)
 
 
@@ -126,15 +177,16 @@ def load_parquet(
             return None
         # offsets: where each record starts in its shard file, or where its stored bytes lie
         # in it (ShardFormat.offsets_locate_records; hints written by packer >= 0.1)
-        names = set(pq.read_schema(pq_path).names)
+        parquet = pq.ParquetFile(pq_path)  # not pq.read_table: see _ints
+        names = set(parquet.schema_arrow.names)
         stored = [n for n in ("format", "compression") if n in names and n not in extra]
         wanted = ["nbytes", "crc32", "offset", "shard", *extra, *stored]
         wanted += {"int": ["label_int"], "json": ["label_json"], "none": []}[label_kind]
-        table = pq.read_table(pq_path, columns=wanted)
+        table = parquet.read(columns=wanted)
         raw, codes = _stored_columns(table)
         dims = [n for n in RAW_DIMS if n not in extra]
         if raw.any() and dims:
-            more = pq.read_table(pq_path, columns=dims)
+            more = parquet.read(columns=dims)
             for name in dims:
                 table = table.append_column(name, more.column(name))
             extra = (*extra, *dims)
@@ -155,21 +207,15 @@ def load_parquet(
 
 def _stored_columns(table: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per row: raw pixels or not (``format == "raw"``), and the compression code."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n = table.num_rows
     if "format" not in table.column_names:
         return np.zeros(n, np.bool_), np.zeros(n, np.uint8)
-    raw = pc.fill_null(pc.equal(table.column("format"), "raw"), False)
-    raw_np = np.asarray(raw.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    raw_np = _string_codes(table.column("format"), ("raw",)) == 0
     codes = np.zeros(n, np.uint8)
     if "compression" in table.column_names:
-        column = pc.fill_null(table.column("compression"), "none")
-        for code, name in enumerate(COMPRESSIONS[1:], 1):
-            codes[np.asarray(pc.equal(column, name).to_numpy(zero_copy_only=False))] = code
-        allowed = pa.array(list(COMPRESSIONS), type=pa.string())
-        known = pc.is_in(column, value_set=allowed).to_numpy(zero_copy_only=False)
+        found = _string_codes(table.column("compression"), COMPRESSIONS)
+        known = found != -1  # null is "none"
+        codes[found > 0] = found[found > 0]
         if not np.all(known) or np.any(codes[~raw_np] != 0):
             raise ValueError("index.parquet: a compression that is unknown or not on a raw record")
     return raw_np, codes
@@ -197,7 +243,7 @@ def _columns_from_table(
     extra_cols: dict[str, Any] = {}
     for name in extra:
         column = table.column(name).combine_chunks()
-        extra_cols[name] = column if name in ("path", "format") else column.fill_null(-1).to_numpy()
+        extra_cols[name] = column if name in ("path", "format") else _ints(column, None, -1)
     return cols, labels, extra_cols
 
 

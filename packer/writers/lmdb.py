@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from packer.records import Record
 from packer.writers.base import ShardWriter
+from packer.writers.batch import RecordBatch
 from readers.durable import fsync_path
 from readers.formats.lmdb import (
     DATA_FILE,
@@ -75,6 +77,36 @@ class LmdbShardWriter(ShardWriter):
         """Return the LMDB library versions that wrote the shard."""
         return lmdb_versions()
 
+    reusable = True
+
+    @classmethod
+    def link(cls, source: Path, base: Path) -> bool:
+        """Hard-link the shard's data file; its lock file is a copy (LMDB writes it in place)."""
+        from packer.swap import link_entry
+
+        base.mkdir()
+        if (source / LOCK_FILE).exists():
+            shutil.copyfile(source / LOCK_FILE, base / LOCK_FILE)
+        return link_entry(source / DATA_FILE, base / DATA_FILE)
+
+    @classmethod
+    def shard_keys(cls, local: int, sample_id: int, count: int) -> list[str]:
+        """Return ``image-%09d`` of the records (keys count within the shard)."""
+        return [image_key(n).decode() for n in range(local, local + count)]
+
+    @classmethod
+    def shard_offsets(
+        cls, base: Path, first_id: int, offsets: np.ndarray
+    ) -> tuple[list[int | None], np.ndarray | None]:
+        """Return where each record's value lies in data.mdb: the same file, the same offsets.
+
+        (Not read again from the shard: py-lmdb refuses to open a data file that this
+        process has open under another path, and the source's may be.)
+        """
+        del base, first_id
+        known = None if len(offsets) == 0 or int(offsets.min()) < 0 else offsets
+        return [None] * len(offsets), known
+
     def __init__(self, base: Path) -> None:
         super().__init__(base)
         self.map_size = self.initial_map_size
@@ -94,6 +126,40 @@ class LmdbShardWriter(ShardWriter):
         if len(self._pending) >= 2 * _COMMIT_RECORDS or self._pending_bytes >= _COMMIT_BYTES:
             self._commit()
         return key.decode(), None
+
+    def write_batch(
+        self, local: int, sample_id: int, batch: RecordBatch
+    ) -> tuple[list[str], list[int | None]]:
+        """Queue the records of `batch` and commit where `write` of each in turn would."""
+        del sample_id  # keys count within the shard
+        n = len(batch)
+        images = list(map(image_key, range(local, local + n)))
+        labels = list(map(label_key, range(local, local + n)))
+        if batch.int_labels is not None:
+            values = [b"%d" % v for v in batch.label]  # encode_label of an int
+        else:
+            values = list(map(encode_label, batch.label))
+        data = batch.data
+        i = 0
+        while i < n:
+            # the records up to the next commit: 1000 pending records, or 64 MiB pending
+            end = min(n, i + _COMMIT_RECORDS - len(self._pending) // 2)
+            pending = self._pending_bytes
+            for j in range(i, end):
+                pending += len(data[j])
+                if pending >= _COMMIT_BYTES:
+                    end = j + 1
+                    break
+            items: list[tuple[bytes, bytes]] = [(b"", b"")] * (2 * (end - i))
+            items[0::2] = zip(images[i:end], data[i:end], strict=True)
+            items[1::2] = zip(labels[i:end], values[i:end], strict=True)
+            self._pending.extend(items)
+            self._pending_bytes = pending
+            self.count = local + end - 1
+            if len(self._pending) >= 2 * _COMMIT_RECORDS or pending >= _COMMIT_BYTES:
+                self._commit()
+            i = end
+        return [key.decode() for key in images], [None] * n
 
     def _commit(self, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
         items = self._pending + list(extra)

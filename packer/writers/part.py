@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +30,7 @@ import pyarrow as pa
 from packer.problems import Problem
 from packer.records import Record
 from packer.writers.base import ShardWriter
+from packer.writers.batch import RecordBatch
 from readers.durable import fsync_path, write_durably
 from readers.formats.layout import shard_name
 
@@ -53,6 +55,7 @@ PART_SCHEMA = pa.schema(
 )
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once, not per row
+_ENCODE_STR = json.encoder.encode_basestring  # what _JSON.encode does with a str, without the call
 
 
 class IndexRow(NamedTuple):
@@ -66,15 +69,18 @@ class IndexRow(NamedTuple):
     label_kind: str  # none | int | json
 
 
+def label_text(label: Any) -> tuple[str, int | None, str]:
+    """A label's index text, its int (when it is a class id) and its kind (none, int, json)."""
+    if label is None:
+        return "null", None, "none"
+    if isinstance(label, int) and not isinstance(label, bool):
+        return str(label), label, "int"
+    return _JSON.encode(label), None, "json"
+
+
 def make_index_row(record: Record) -> IndexRow:
     """The index row of `record`, but for its id, shard, key and offset."""
-    label = record.label
-    if label is None:
-        label_json, label_int, kind = "null", None, "none"
-    elif isinstance(label, int) and not isinstance(label, bool):
-        label_json, label_int, kind = str(label), label, "int"
-    else:
-        label_json, label_int, kind = _JSON.encode(label), None, "json"
+    label_json, label_int, kind = label_text(record.label)
     return IndexRow(
         f'"path":{_JSON.encode(record.rel)},"label":{label_json}',
         f'"nbytes":{len(record.data)},"width":{record.width},"height":{record.height},'
@@ -119,7 +125,13 @@ class ShardPart:
     """
 
     def __init__(
-        self, root: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int
+        self,
+        root: Path,
+        number: int,
+        shard_cls: type[ShardWriter],
+        *,
+        first_id: int,
+        shard: ShardWriter | None = None,
     ) -> None:
         self.root = root
         self.number = number
@@ -127,7 +139,9 @@ class ShardPart:
         self.paths = part_paths(root, number)
         for path in self.paths.values():
             path.unlink(missing_ok=True)
-        self.shard = shard_cls(root / shard_name(number))
+        # `shard`: a writer made by the caller (a reused shard's, `packer.writers.reuse`)
+        self.shard = shard_cls(root / shard_name(number)) if shard is None else shard
+        self.marker: dict[str, Any] = {}  # more for the completion marker
         self.count = 0
         self.bytes = 0
         self.label_kinds: set[str] = set()
@@ -164,6 +178,68 @@ class ShardPart:
         self.count += 1
         self.bytes += len(record.data)
 
+    def add_batch(self, batch: RecordBatch) -> None:
+        """Store the records of `batch`: the same files and rows as `add` of each in turn."""
+        n = len(batch)
+        if n == 0:
+            return
+        keys, offsets = self.shard.write_batch(self.count + 1, self.first_id + self.count, batch)
+        if batch.int_labels is not None:
+            label_int: list[Any] = batch.label
+            label_json = list(map(str, label_int))
+            kinds = {"int"}
+        else:
+            texts = list(map(label_text, batch.label))
+            label_json, label_int = [t[0] for t in texts], [t[1] for t in texts]
+            kinds = {t[2] for t in texts}
+        nbytes = batch.sizes()
+        formats = {f: _JSON.encode(f) for f in set(batch.format)}
+        compressed = {
+            c: "" if c is None else f'"compression":"{c}",' for c in set(batch.compression)
+        }
+        columns = (
+            map(_ENCODE_STR, batch.rel),
+            label_json,
+            map(_ENCODE_STR, keys),
+            ("" if o is None else o for o in offsets),
+            nbytes,
+            batch.width,
+            batch.height,
+            batch.channels,
+            batch.format,
+            batch.compression,
+            batch.crc32,
+        )
+        self._rows.write(
+            "".join(
+                [
+                    f'"path":{p},"label":{lj}\t{k}\t{o}\t"nbytes":{nb},"width":{w},"height":{h},'
+                    f'"channels":{c},"format":{formats[f]},{compressed[z]}"crc32":{crc}}}\n'
+                    for p, lj, k, o, nb, w, h, c, f, z, crc in zip(*columns, strict=True)
+                ]
+            )
+        )
+        self._values.extend(
+            zip(
+                batch.rel,
+                label_json,
+                label_int,
+                keys,
+                offsets,
+                nbytes,
+                batch.width,
+                batch.height,
+                batch.channels,
+                batch.format,
+                batch.compression,
+                batch.crc32,
+                strict=True,
+            )
+        )
+        self.label_kinds.update(kinds)
+        self.count += n
+        self.bytes += sum(nbytes)
+
     def finish(self, problems: list[Problem]) -> dict[str, Any]:
         """Close the shard, write its side files and, last, its completion marker."""
         file_bytes = self.shard.close()
@@ -195,6 +271,7 @@ class ShardPart:
             "label_kinds": sorted(self.label_kinds),
             # top-level names under the build directory: the LMDB directory, or .rec + .idx
             "files": sorted({p.relative_to(self.root).parts[0] for p in self.shard.files()}),
+            **self.marker,
         }
         tmp = self.paths["done"].with_name(self.paths["done"].name + ".tmp")
         write_durably(tmp, json.dumps(done))
@@ -206,3 +283,23 @@ class ShardPart:
         self.shard.abort()
         with contextlib.suppress(OSError):
             self._rows.close()
+
+
+def clear_part(tmp: Path, number: int, shard_cls: type[ShardWriter]) -> None:
+    """Remove what an unfinished earlier write of planned shard `number` left in `tmp`.
+
+    LMDB would append to an environment left there; the files are unlinked, not written over,
+    so a file that is a hard link of another dataset's (a reused shard) is never changed.
+    """
+    part_paths(tmp, number)["done"].unlink(missing_ok=True)  # unfinished from here on
+    for path in shard_cls.paths(tmp / shard_name(number)):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def start_part(tmp: Path, number: int, shard_cls: type[ShardWriter], *, first_id: int) -> ShardPart:
+    """Clear what an earlier write of shard `number` left in `tmp` (`clear_part`); open its part."""
+    clear_part(tmp, number, shard_cls)
+    return ShardPart(tmp, number, shard_cls, first_id=first_id)

@@ -89,11 +89,13 @@ class ShardFormat:
         """The records of the bare copy that `find_bare` found, as stored (for conversion)."""
         raise NotImplementedError
 
-    def read_stored(self, shard_path: str, first: int, offsets: Sequence[int]) -> Iterator[bytes]:
-        """The stored bytes of ``len(offsets)`` records of the packed shard at `shard_path`.
+    def read_stored(
+        self, shard_path: str, positions: Sequence[int], offsets: Sequence[int]
+    ) -> Iterator[bytes]:
+        """The stored bytes of records `positions` of the packed shard at `shard_path`.
 
-        The records are the shard's from position `first` (0-based within the shard) on, in
-        order; `offsets` are their index ``offset`` fields.
+        `positions` count from 0 within the shard, ascending; the bytes come in that order.
+        `offsets` are the records' index ``offset`` fields.
         """
         raise NotImplementedError
 

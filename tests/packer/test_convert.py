@@ -176,7 +176,8 @@ def test_interrupted_convert_leaves_no_out_and_resume_finishes(
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         found = real(*args, **kwargs)
-        read = found.source.read
+        read = found.source.read_batches
+        assert read is not None  # a packer dataset is copied a batch at a time
 
         def read_until_interrupt(start: int, stop: int) -> Any:
             calls["n"] += 1
@@ -184,7 +185,7 @@ def test_interrupted_convert_leaves_no_out_and_resume_finishes(
                 raise KeyboardInterrupt
             yield from read(start, stop)
 
-        found.source.read = read_until_interrupt
+        found.source.read_batches = read_until_interrupt
         return found
 
     monkeypatch.setattr(convert_module, "open_input", interrupted)
@@ -258,3 +259,55 @@ def test_open_dataset_reads_webdataset_tars(tmp_path: Path) -> None:
     image, label = open_dataset(tmp_path / "wds")[1]
     assert image.shape == (7, 9, 3)
     assert label == 1
+
+
+@pytest.mark.parametrize("to_format", ["lmdb", "recordio"])
+def test_compressed_raw_pixels_keep_their_compression(
+    tree: tuple[Path, dict[str, bytes]], tmp_path: Path, fmt: str, to_format: str
+) -> None:
+    """The index's ``compression`` goes with the compressed bytes (else they do not decode)."""
+    from packer.transform import Transform
+    from readers.datasets import open_dataset
+    from tests.conftest import build_packed
+
+    src, _ = tree
+    raw = build_packed(
+        src, tmp_path / "raw", fmt, transform=Transform(encode="raw", compress="lz4")
+    )
+    out = tmp_path / "out"
+    convert(ConvertConfig(raw, out, format=to_format, shard_size=600))
+    before = [json.loads(line) for line in (raw / "index.jsonl").read_text().splitlines()]
+    after = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    assert [r.get("compression") for r in after] == ["lz4"] * len(before)
+    old, new = open_dataset(raw), open_dataset(out)
+    for i in range(len(old)):
+        assert np.array_equal(old[i][0], new[i][0])
+        assert old[i][1] == new[i][1]
+    _check_verify(out)
+
+
+def test_damaged_record_is_a_crc_mismatch_and_the_rest_are_kept(
+    tree: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """A record whose stored bytes differ from the index's CRC-32, amid a batch, is an error;
+    the records around it are copied."""
+    from tests.conftest import build_packed
+
+    src, files = tree
+    packed = build_packed(src, tmp_path / "in", "recordio")
+    rows = [json.loads(line) for line in (packed / "index.jsonl").read_text().splitlines()]
+    bad = rows[4]
+    rec = packed / "shard-00000.rec"
+    raw = bytearray(rec.read_bytes())
+    raw[int(bad["offset"]) + 8 + 24 + 3] ^= 0xFF  # a byte of its image, past the headers
+    rec.write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    summary = convert(ConvertConfig(packed, out, format="lmdb"))
+    assert summary.packed == len(rows) - 1
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(e["path"], e["reason"]) for e in errors] == [(bad["path"], "crc_mismatch")]
+    got = _read_out(out)
+    kept = [r["path"] for r in rows if r["id"] != 4]
+    assert [g[2] for g in got] == kept
+    assert [g[0] for g in got] == [files[p] for p in kept]
+    _check_verify(out)

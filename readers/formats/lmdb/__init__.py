@@ -92,11 +92,13 @@ class LmdbFormat(ShardFormat):
 
         return bare_records(found)
 
-    def read_stored(self, shard_path: str, first: int, offsets: Sequence[int]) -> Iterator[bytes]:
-        """Return the values of records ``first..`` of the packed shard at `shard_path`."""
+    def read_stored(
+        self, shard_path: str, positions: Sequence[int], offsets: Sequence[int]
+    ) -> Iterator[bytes]:
+        """Return the values of records `positions` of the packed shard at `shard_path`."""
         from readers.formats.lmdb.stored import read_stored
 
-        return read_stored(shard_path, range(first + 1, first + 1 + len(offsets)))
+        return read_stored(shard_path, [p + 1 for p in positions])
 
     def find_bare(self, path: Path) -> Path | None:
         """Return `path` when it is a bare LMDB directory (a data file, no meta.json), else None."""

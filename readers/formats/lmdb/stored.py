@@ -51,12 +51,15 @@ def bare_records(root: Path) -> StoredRecords:
 
 
 def read_stored(shard_path: str, locals_: Sequence[int]) -> Iterator[bytes]:
-    """The ``image-%09d`` values of positions `locals_` (from 1) of the shard at `shard_path`."""
-    with shared_lmdb(shard_path).begin(buffers=True) as txn:
-        for local in locals_:
-            value = txn.get(image_key(local))
-            if value is None:
-                raise DatasetFormatError(
-                    f"{shard_path}: the key {image_key(local).decode()} is missing"
-                )
-            yield bytes(value)
+    """The ``image-%09d`` values of positions `locals_` (from 1) of the shard at `shard_path`.
+
+    Raises:
+        DatasetFormatError: a key is missing (before any value is returned).
+    """
+    with shared_lmdb(shard_path).begin() as txn:
+        get = txn.get
+        values = [get(b"image-%09d" % n) for n in locals_]  # image_key, inlined
+    if None in values:
+        missing = image_key(locals_[values.index(None)]).decode()
+        raise DatasetFormatError(f"{shard_path}: the key {missing} is missing")
+    return iter(values)

@@ -148,7 +148,9 @@ class RecordIOFormat(ShardFormat):
 
         return bare_records(found, shared_rec(str(found[0])))
 
-    def read_stored(self, shard_path: str, first: int, offsets: Sequence[int]) -> Iterator[bytes]:
+    def read_stored(
+        self, shard_path: str, positions: Sequence[int], offsets: Sequence[int]
+    ) -> Iterator[bytes]:
         """Return the image bytes of the records at `offsets` of the shard at `shard_path`."""
         from readers.formats.recordio.bare import read_stored
 

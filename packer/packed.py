@@ -1,0 +1,157 @@
+"""The records of a packer dataset as stored, read a batch at a time, described by its index.
+
+`PackedRecords` is what ``packer convert`` (from a packer dataset), merge and split read: each
+record's stored bytes (``ShardFormat.read_stored``: nothing is decoded) with its description
+from the index (path, label, dimensions, format, CRC-32, compression), as `RecordBatch`
+values of bounded size. Every record's bytes are checked against the index's CRC-32 as they
+are read: one that does not match is a ``crc_mismatch`` problem, never a record.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.problems import Problem
+from packer.records import Record
+from packer.writers.batch import RecordBatch
+from readers.columnar import COMPRESSIONS
+from readers.formats import REGISTRY
+from readers.index import load_index
+
+CRC_MISMATCH = "crc_mismatch"
+"""errors.jsonl reason of a record whose stored bytes differ from its index's CRC-32."""
+
+BATCH_RECORDS = 8192
+BATCH_BYTES = 64 << 20
+"""A batch holds at most this many records and stored bytes."""
+
+
+def _pick(values: list[Any], lo: int, ids: np.ndarray | None) -> list[Any]:
+    """``values`` (the column from id `lo` on) at `ids`, or all of it when `ids` is None."""
+    return values if ids is None else [values[i] for i in (ids - lo).tolist()]
+
+
+class PackedRecords:
+    """The records of the packer dataset at `root`, as stored."""
+
+    def __init__(self, root: Path) -> None:
+        index = load_index(root, extra=("width", "height", "channels", "format", "path"))
+        self.root = root
+        self.index = index
+        self.meta = index.meta
+        self.fmt = REGISTRY[index.format]
+        self.n = len(index)
+        self.paths = [self.fmt.shard_path(root, name) for name in index.shard_names]
+        self.offsets = (
+            index.offset.astype(np.int64)
+            if index.offset is not None
+            else np.full(self.n, -1, np.int64)
+        )
+        codes = index.compression
+        self.compression: list[str | None] | None = (
+            None if codes is None else [None if c == 0 else COMPRESSIONS[c] for c in codes.tolist()]
+        )
+
+    def labels(self, lo: int, hi: int, ids: np.ndarray | None = None) -> tuple[list[Any], Any]:
+        """The labels of `ids` (all of ``lo..hi-1`` when None), and them as int64 when ints."""
+        labels = self.index.labels
+        if labels.kind == "int":
+            assert labels.ints is not None
+            ints = (labels.ints[lo:hi] if ids is None else labels.ints[ids]).astype(np.int64)
+            return ints.tolist(), ints
+        count = hi - lo if ids is None else len(ids)
+        if labels.kind == "json":
+            texts = labels.texts.slice(lo, hi - lo).to_pylist()
+            return [json.loads(t) for t in _pick(texts, lo, ids)], None
+        return [None] * count, None
+
+    def describe(self, lo: int, hi: int, ids: np.ndarray | None = None) -> RecordBatch:
+        """The records `ids` (all of ``lo..hi-1`` when None) without their bytes.
+
+        The result's ``stored_sizes`` and ``crc32`` come from the index.
+        """
+        index, extra = self.index, self.index.extra
+        sel = slice(lo, hi) if ids is None else ids
+        rel = _pick(extra["path"].slice(lo, hi - lo).to_pylist(), lo, ids)
+        if not all(rel):
+            rel = [
+                p or f"{j}" for j, p in zip(range(lo, hi) if ids is None else ids, rel, strict=True)
+            ]
+        label, ints = self.labels(lo, hi, ids)
+        return RecordBatch(
+            rel,
+            [],
+            label,
+            _pick(extra["format"].slice(lo, hi - lo).to_pylist(), lo, ids),
+            extra["width"][sel].tolist(),
+            extra["height"][sel].tolist(),
+            extra["channels"][sel].tolist(),
+            index.crc32[sel].tolist(),
+            [None] * len(rel)
+            if self.compression is None
+            else _pick(self.compression[lo:hi], lo, ids),
+            ints,
+            index.nbytes[sel].tolist(),
+        )
+
+    def _read(self, shard: int, lo: int, hi: int, ids: np.ndarray | None) -> Iterator[Any]:
+        """The checked records `ids` (or ``lo..hi-1``) of shard `shard`: batches, problems."""
+        first = int(self.index.shard_bounds[shard])
+        chosen = np.arange(lo, hi) if ids is None else ids
+        offsets = self.offsets[chosen].tolist()
+        batch = self.describe(lo, hi, ids)
+        positions = (chosen - first).tolist()
+        batch.data = list(self.fmt.read_stored(self.paths[shard], positions, offsets))
+        batch.stored_sizes = None
+        crcs = np.fromiter(map(zlib.crc32, batch.data), np.uint32, count=len(batch.data))
+        expected = self.index.crc32[chosen]
+        bad = np.flatnonzero(crcs != expected).tolist()
+        if not bad:
+            yield batch
+            return
+        at = 0
+        for j in bad:
+            if j > at:
+                yield batch.take(range(at, j))
+            yield Problem(
+                batch.rel[j],
+                CRC_MISMATCH,
+                f"sample {int(chosen[j])}: the stored bytes have CRC-32 {int(crcs[j]):08x}, "
+                f"the index says {int(expected[j]):08x} (run packer verify on IN)",
+            )
+            at = j + 1
+        if at < len(batch):
+            yield batch.take(range(at, len(batch)))
+
+    def read_ids(self, ids: np.ndarray) -> Iterator[RecordBatch | Problem]:
+        """Records `ids` (ascending), a shard's run at a time, in batches of bounded size."""
+        bounds = self.index.shard_bounds
+        contiguous = len(ids) > 0 and int(ids[-1]) - int(ids[0]) == len(ids) - 1
+        start = 0
+        while start < len(ids):
+            shard = int(np.searchsorted(bounds, ids[start], side="right")) - 1
+            end = int(np.searchsorted(ids, bounds[shard + 1]))
+            stop = min(end, start + BATCH_RECORDS)
+            within = np.cumsum(self.index.nbytes[ids[start:stop]], dtype=np.int64)
+            stop = start + max(1, int(np.searchsorted(within, BATCH_BYTES, side="right")))
+            lo, hi = int(ids[start]), int(ids[stop - 1]) + 1
+            yield from self._read(shard, lo, hi, None if contiguous else ids[start:stop])
+            start = stop
+
+    def read_batches(self, start: int, stop: int) -> Iterator[RecordBatch | Problem]:
+        """Records ``start..stop-1`` in batches (and problems)."""
+        return self.read_ids(np.arange(start, stop, dtype=np.int64))
+
+    def read(self, start: int, stop: int) -> Iterator[Record | Problem]:
+        """Records ``start..stop-1`` one by one (`Record` or `Problem`)."""
+        for item in self.read_batches(start, stop):
+            if isinstance(item, Problem):
+                yield item
+            else:
+                yield from (item.record(i) for i in range(len(item)))

@@ -1,0 +1,252 @@
+"""Convert the same inputs with another revision of packer and with this tree, and compare the
+outputs byte for byte: making ``packer convert`` faster must not change a single byte on disk.
+
+The inputs are written once, deterministically, by this tree: packer datasets of both formats
+built from ``make_demo_data.py``'s tree plus files with awkward names (class ids, text labels
+with quotes and non-ASCII letters, lists of numbers, no labels, several shards), raw grey
+images whose pixels hold the RecordIO magic word at every alignment (multi-part records),
+compressed raw pixels, a dataset with one damaged record (a CRC-32 mismatch), and bare inputs
+written from their specifications (a scene-text LMDB, an MXNet ``.rec``/``.idx`` pair with
+InsightFace's header record, WebDataset tars when the ``webdataset`` package is installed).
+Each input is converted to every format with ``python -m packer.cli convert`` in a subprocess
+with ``PYTHONPATH`` set to the tree under test (the revision is checked out with ``git worktree
+add`` into a temporary directory and removed afterwards), with a small ``--shard-size`` so that
+outputs have several shards.
+
+Every file of the two outputs must be equal byte for byte, except ``meta.json`` (compared as
+parsed JSON without ``created`` and ``tool_version``) and LMDB's ``lock.mdb``, as in
+``compare_builds.py``. Exit status 0 and "identical" when every output matches; else the
+differing files and 1.
+
+    python scripts/compare_converts.py [--rev 00b62f0] [--keep DIR] [--only CASE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import cv2
+import lmdb
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from compare_builds import compare_outputs
+
+DEFAULT_REV = "00b62f0"
+"""The last revision before convert's bulk path."""
+MAGIC = struct.pack("<I", 0xCED7230A)
+TARGETS = ("lmdb", "recordio")
+SHARD_SIZE = "30KB"
+DEMO_OPTIONS = ("--per-class", "6", "--size", "40", "--seed", "7")
+
+
+def packer(tree: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python -m packer.cli ARGS`` with the packer of `tree`."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    command = [sys.executable, "-m", "packer.cli", *args]
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise SystemExit(
+            f"failed with the packer of {tree} ({done.returncode}): {' '.join(command)}\n"
+            f"{done.stdout}{done.stderr}"
+        )
+    return done
+
+
+def _write(path: Path, image: np.ndarray, ext: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ok, buf = cv2.imencode(ext, image)
+    assert ok
+    path.write_bytes(buf.tobytes())
+
+
+def make_tree(src: Path) -> list[str]:
+    """The demo tree plus awkward names; return its image paths (relative, sorted)."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), str(src), *DEMO_OPTIONS],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    rng = np.random.default_rng(3)
+    for name in ('star/ü ñ "quoted".png', "star/back\\slash.jpg", "dots/日本.png"):
+        _write(src / name, rng.integers(0, 256, (9, 11, 3), dtype=np.uint8), Path(name).suffix)
+    return sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+
+
+def make_magic_tree(src: Path) -> None:
+    """Grey images whose raw pixels repeat the RecordIO magic word, at each of 4 phases."""
+    for phase in range(4):
+        flat = np.frombuffer(MAGIC * 40, dtype=np.uint8)[phase : phase + 12 * 12]
+        _write(src / "magic" / f"m{phase}.png", flat.reshape(12, 12).copy(), ".png")
+    rng = np.random.default_rng(5)
+    _write(src / "noise" / "n0.png", rng.integers(0, 256, (12, 12), dtype=np.uint8), ".png")
+
+
+def write_scene_text_lmdb(root: Path, images: list[bytes], labels: list[str]) -> None:
+    """The public scene-text layout, written with py-lmdb directly."""
+    env = lmdb.open(str(root), map_size=1 << 26, subdir=True)
+    with env.begin(write=True) as txn:
+        for i, (data, label) in enumerate(zip(images, labels, strict=True), start=1):
+            txn.put(b"image-%09d" % i, data)
+            txn.put(b"label-%09d" % i, label.encode("utf-8"))
+        txn.put(b"num-samples", str(len(images)).encode())
+    env.close()
+
+
+def _record(payload: bytes) -> bytes:
+    return struct.pack("<II", 0xCED7230A, len(payload)) + payload + b"\0" * (-len(payload) % 4)
+
+
+def write_insightface_rec(prefix: Path, images: list[bytes]) -> None:
+    """An MXNet .rec/.idx pair with InsightFace's header record (key 0) and integral labels."""
+    rec, idx = bytearray(), []
+    n = len(images)
+    idx.append((0, 0))
+    rec += _record(struct.pack("<IfQQ", 2, 0.0, 0, 0) + struct.pack("<ff", n + 1, n + 2))
+    for j, data in enumerate(images):
+        idx.append((1 + j, len(rec)))
+        rec += _record(struct.pack("<IfQQ", 0, float(j % 3), 1 + j, 0) + data)
+    prefix.with_suffix(".rec").write_bytes(bytes(rec))
+    prefix.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in idx))
+
+
+def write_tars(root: Path, images: list[bytes]) -> bool:
+    """WebDataset tars (cls, txt and json labels); False without the webdataset package."""
+    try:
+        import webdataset
+    except ImportError:
+        return False
+    root.mkdir()
+    labels: list[object] = [0, 1, "some text", {"box": [1, 2]}, 2, "ü"]
+    for n in range(2):
+        with webdataset.TarWriter(str(root / f"part-{n}.tar")) as sink:
+            for i in range(3 * n, 3 * n + 3):
+                label = labels[i % len(labels)]
+                kind = (
+                    "cls" if isinstance(label, int) else "txt" if isinstance(label, str) else "json"
+                )
+                sink.write(
+                    {
+                        "__key__": f"s{i:04d}",
+                        "png": images[i],
+                        kind: json.dumps(label).encode() if kind == "json" else label,
+                    }
+                )
+    return True
+
+
+def damage_one_record(root: Path, src: Path) -> None:
+    """Flip one byte of the first record's stored image bytes (the index is left as it was)."""
+    row = json.loads((root / "index.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    image = (src / row["path"]).read_bytes()
+    data = root / "shard-00000" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    at = raw.find(image) + len(image) // 2
+    raw[at] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+
+def make_inputs(work: Path) -> dict[str, Path]:
+    """Write every input under `work` with this tree's packer; return them by case name."""
+    src = work / "src"
+    rels = make_tree(src)
+    text = work / "text.tsv"
+    text.write_text(
+        "".join(f'{rel}\tword "{i}" \\ ü\n' for i, rel in enumerate(rels)), encoding="utf-8"
+    )
+    multi = work / "multi.jsonl"
+    multi.write_text(
+        "".join(
+            json.dumps({"path": rel, "label": [i / 2, 1.0] if i % 3 else {"k": i}}) + "\n"
+            for i, rel in enumerate(rels)
+        )
+    )
+    magic = work / "magic-src"
+    make_magic_tree(magic)
+    inputs: dict[str, Path] = {}
+    builds = {
+        "ours-lmdb": [str(src), "--format", "lmdb", "--shard-size", "20KB"],
+        "ours-recordio": [str(src), "--format", "recordio", "--shard-size", "20KB"],
+        "ours-text": [str(src), "--labels", str(text), "--format", "lmdb"],
+        "ours-multi": [str(src), "--labels", str(multi), "--format", "recordio"],
+        "ours-none": [str(src), "--labels", "none", "--format", "recordio"],
+        "ours-raw-magic": [str(magic), "--format", "lmdb", "--encode", "raw"],
+        "ours-raw-lz4": [str(src), "--format", "recordio", "--encode", "raw", "--compress", "lz4"],
+        "ours-damaged": [str(src), "--format", "lmdb"],
+    }
+    for case, options in builds.items():
+        out = work / "in" / case
+        packer(ROOT, "build", options[0], str(out), *options[1:], "--workers", "1", "--no-progress")
+        inputs[case] = out
+    damage_one_record(inputs["ours-damaged"], src)
+    images = [(src / rel).read_bytes() for rel in rels if rel.endswith(".png")][:8]
+    write_scene_text_lmdb(work / "in" / "bare-lmdb", images, [f"t{i} ü" for i in range(8)])
+    inputs["bare-lmdb"] = work / "in" / "bare-lmdb"
+    write_insightface_rec(work / "in" / "bare-rec", images)
+    inputs["bare-rec"] = work / "in" / "bare-rec.rec"
+    if write_tars(work / "in" / "wds", images):
+        inputs["wds"] = work / "in" / "wds"
+    return inputs
+
+
+def compare(rev: str, work: Path, only: str | None) -> list[str]:
+    """Convert every case with `rev` and with this tree under `work`; the differences found."""
+    inputs = make_inputs(work)
+    if only is not None:
+        inputs = {k: v for k, v in inputs.items() if k == only}
+    old_tree = work / "rev"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(old_tree), rev],
+        check=True,
+    )
+    try:
+        found: list[str] = []
+        for case, path in inputs.items():
+            for target in TARGETS:
+                name = f"{case}-to-{target}"
+                old_out, new_out = work / "out-rev" / name, work / "out-tree" / name
+                for tree, out in ((old_tree, old_out), (ROOT, new_out)):
+                    out.parent.mkdir(exist_ok=True)
+                    shutil.rmtree(out, ignore_errors=True)
+                    options = ["--format", target, "--shard-size", SHARD_SIZE, "--no-progress"]
+                    packer(tree, "convert", str(path), str(out), *options)
+                found += [f"{name}/{line}" for line in compare_outputs(old_out, new_out)]
+        return found
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], check=False
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison; 0 when the converts are identical."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", default=DEFAULT_REV, help="the revision to compare with")
+    parser.add_argument("--keep", type=Path, help="work under this directory and keep it")
+    parser.add_argument("--only", help="only this input case (e.g. ours-lmdb)")
+    args = parser.parse_args(argv)
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=False)
+        found = compare(args.rev, args.keep, args.only)
+    else:
+        with tempfile.TemporaryDirectory(prefix="compare-converts-") as tmp:
+            found = compare(args.rev, Path(tmp), args.only)
+    if found:
+        print("\n".join(found))
+        return 1
+    print("identical")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
