@@ -34,13 +34,13 @@ Policies for inputs that are images but unusual (each tested in tests/packer/tes
 from __future__ import annotations
 
 import os
-import zlib
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from packer import problems as P
 from packer.decode_check import Checked, Decoded, check_source, decode_source
+from packer.fastzlib import crc32
 from packer.job import ShardSettings
 from packer.probe import exif_orientation, image_size, is_truncated, probe_header
 from packer.problems import Note, Problem
@@ -209,7 +209,7 @@ def prepare_bytes(
             int(pixels.shape[1]),
             int(pixels.shape[0]),
             channels,
-            zlib.crc32(stored),
+            crc32(stored),
             notes,
             t.compression if stored_fmt == "raw" else None,
         )
@@ -231,7 +231,7 @@ def prepare_bytes(
         dims = (int(image.shape[1]), int(image.shape[0]), channels)
     notes = _notes(rel, fmt, orientation, transformed=False, warnings=warnings)
     width, height, channels = dims
-    return Record(rel, label, data, fmt, width, height, channels, zlib.crc32(data), notes)
+    return Record(rel, label, data, fmt, width, height, channels, crc32(data), notes)
 
 
 Prepared = tuple[Record | Problem, IndexRow | None]
@@ -350,6 +350,6 @@ def restore_bytes(
         return Problem(item.rel, P.CHANGED, f"cannot be read again after its check ({exc})")
     finally:
         os.close(fd)
-    if zlib.crc32(got) != item.crc32:
+    if crc32(got) != item.crc32:
         return Problem(item.rel, P.CHANGED, "changed between its check and its packing")
     return _with_data(item, got)
