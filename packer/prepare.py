@@ -285,8 +285,8 @@ def prepare_entries(
         if slot is not None and lengths is not None:
             assert ring is not None
             for n, data in enumerate(ring.take(slot, lengths)):  # before the slot is reused
-                item, row = prepared[n]
-                if data and isinstance(item, Record):
+                item, row = prepared[n]  # (the CRC: a slot mixed up would not go unseen)
+                if data and isinstance(item, Record) and crc32(data) == item.crc32:
                     prepared[n] = (_with_data(item, data), row)
         return [
             (restore_bytes(item, path, root=root), row)
