@@ -347,8 +347,7 @@ def _prepare_batch(
     if ring is not None and slot is not None:
         lengths = ring.put(slot, [i.data if isinstance(i, Record) else b"" for i, _ in results])
     stripped: list[Prepared] = [
-        (_with_data(item, b"") if isinstance(item, Record) else item, row)
-        for item, row in results
+        (_with_data(item, b"") if isinstance(item, Record) else item, row) for item, row in results
     ]
     return stripped, lengths
 

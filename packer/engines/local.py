@@ -16,9 +16,8 @@ import contextlib
 import multiprocessing
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packer.engines import progress_bar
 from packer.errors import PackerError
@@ -34,8 +33,7 @@ _POOLED = 64  # fewer images than this are prepared in this process
 _IN_FLIGHT = 4  # batches queued per worker: enough to keep each busy, and memory bounded
 
 
-@dataclass(frozen=True)
-class LocalPool:
+class LocalPool(NamedTuple):
     """The local engine's process pool, and the shared memory its processes hand bytes back in.
 
     `ring` has a slot for each batch that `_shards_here` keeps in flight (None where processes
