@@ -112,8 +112,12 @@ def main() -> None:
     parser.add_argument("--shard-size", default="32MiB", help="for the several-shards cases")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    import compileall
+
     from make_demo_data import CLASSES, write_demo
 
+    for package in ("packer", "readers"):  # bytecode, as an installed packer has it
+        compileall.compile_dir(ROOT / package, quiet=1)
     base = Path(tempfile.mkdtemp(prefix="packer-build-", dir=os.environ.get("BENCH_TMP")))
     packer = [sys.executable, "-m", "packer.cli", "build", "--no-progress"]
     try:
