@@ -20,8 +20,8 @@ from __future__ import annotations
 import mmap
 from collections.abc import Sequence
 
-SLOT_BYTES = 8 << 20
-"""The most bytes a batch hands back through its slot (64 ImageNet-sized JPEGs fit)."""
+SLOT_BYTES = 16 << 20
+"""The most bytes a batch hands back through its slot (a batch of 64 KB images fits)."""
 RING_BYTES = 256 << 20
 """The most address space a ring takes; pages are used only where a batch wrote."""
 
