@@ -246,14 +246,13 @@ def _early_pool(cfg: BuildConfig) -> Iterator[Any | None]:
     if cfg.engine != "local" or cfg.workers <= 1:
         yield None
         return
-    from packer.engines.local import start_pool, stop_pool
+    from packer.engines.local import kill_pool, start_pool, stop_pool
 
     pool = start_pool(cfg.workers)
     try:
         yield pool
     except BaseException:
-        pool.terminate()
-        pool.join()
+        kill_pool(pool)
         raise
     stop_pool(pool)
 

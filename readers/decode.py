@@ -186,6 +186,25 @@ def decode_sample(
     return decode_image(data, mode, scale=scale if stored == "jpeg" else 1)
 
 
+_codecs: dict[str, Any] = {}
+"""pyarrow's codec of each compression, made once per process (it holds no state)."""
+
+
+def _codec(compression: str) -> Any:
+    codec = _codecs.get(compression)
+    if codec is None:
+        import pyarrow as pa
+
+        codec = _codecs[compression] = pa.Codec(compression)
+    return codec
+
+
+def _arrow_error() -> type[Exception]:
+    import pyarrow as pa
+
+    return pa.ArrowException  # type: ignore[no-any-return]
+
+
 def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: int) -> bytes:
     """Decompress the raw pixels of a record stored with ``compression``.
 
@@ -199,21 +218,22 @@ def decompress(data: bytes | memoryview | np.ndarray, compression: str, size: in
     Raises:
         ValueError: the bytes do not decompress, or not to `size` bytes.
     """
-    import pyarrow as pa
-
     try:
+        codec = _codec(compression)
         if compression == "lz4":
             declared = lz4frame.content_size(data)
             if declared is None:  # not written by packer: its size is known once it is read
+                import pyarrow as pa
+
                 out = pa.input_stream(pa.py_buffer(data), compression="lz4").read()
                 declared = len(out)
                 if declared == size:
                     return bytes(out)
             if declared != size:
                 raise ValueError(f"the LZ4 frame holds {declared} bytes")
-        out = pa.Codec(compression).decompress(data, decompressed_size=size, asbytes=True)
-    except (pa.ArrowException, ValueError, OSError) as exc:
+        out = codec.decompress(data, decompressed_size=size, asbytes=True)
+    except (_arrow_error(), ValueError, OSError) as exc:  # (evaluated only on an error)
         raise ValueError(f"cannot decompress {compression} to {size} bytes ({exc})") from exc
     if len(out) != size:
         raise ValueError(f"{compression} gives {len(out)} bytes, expected {size}")
-    return bytes(out)
+    return out  # type: ignore[no-any-return]

@@ -10,6 +10,9 @@ Rows, side by side in one run, each the median of ``--runs`` runs (rows alternat
 run, so the shared machine's load hits each alike):
 - one process: every sample's stored bytes read and decoded to RGB (``decode_stored``),
   microseconds per image: the decode bound of each form;
+- one process, CPU time: what a DataLoader worker does per sample (``ds[i]`` for each sample
+  of a batch of 64, then paddle's default collate), microseconds per sample, the least of the
+  runs: load from other work changes it far less than the loader's images/s;
 - ``paddle.io.DataLoader(ds, batch_size=64, num_workers=2)`` over the whole dataset, default
   collate, images/s from the first batch to the last (a fresh loader per run).
 Target (issue 17): raw+lz4 >= 2x the PNG build, and >= 0.9x uncompressed raw, through the
@@ -79,6 +82,25 @@ def decode_us(path: Path) -> float:
     return (time.perf_counter() - start) / len(stored) * 1e6
 
 
+def worker_us(path: Path) -> float:
+    """CPU microseconds per sample of a DataLoader worker's work, in this process.
+
+    Each batch of 64 read as a worker reads it (``ds[i]``: the stored bytes read, decompressed
+    and decoded) and put together by paddle's default collate; process CPU time, which other
+    work on the machine changes far less than it changes a loader's images/s.
+    """
+    from paddle.io.dataloader.collate import default_collate_fn
+
+    from readers import open_dataset
+
+    ds = open_dataset(path)
+    n = len(ds)
+    start = time.process_time()
+    for lo in range(0, n, BATCH):
+        default_collate_fn([ds[i] for i in range(lo, min(n, lo + BATCH))])
+    return (time.process_time() - start) / n * 1e6
+
+
 def loader_rate(path: Path) -> float:
     """Images/s through a fresh DataLoader(batch_size=64, num_workers=2), first batch to last."""
     import paddle
@@ -118,33 +140,41 @@ def main() -> None:
             for f in path.rglob("*.mdb"):
                 f.read_bytes()
         us: dict[str, list[float]] = {name: [] for name in outs}
+        cpu: dict[str, list[float]] = {name: [] for name in outs}
         rates: dict[str, list[float]] = {name: [] for name in outs}
         for run in range(args.runs):
             for name, path in outs.items():
                 us[name].append(decode_us(path))
+                cpu[name].append(worker_us(path))
                 rates[name].append(loader_rate(path))
             benchlib.eprint(f"run {run + 1}/{args.runs} done")
         med_us = {k: statistics.median(v) for k, v in us.items()}
+        least_cpu = {k: min(v) for k, v in cpu.items()}  # the least: load inflates it least
         med = {k: statistics.median(v) for k, v in rates.items()}
         png, raw = med["PNG (--encode keep)"], med["raw"]
         lines = [
             f"### Decoding less: {what}, LMDB, warm cache, median of {args.runs} runs, "
             f"{len(os.sched_getaffinity(0))} cores, load {os.getloadavg()[0]:.1f} at the end",
             "",
-            f"| stored as | MB stored | decode, one process (us/image) | DataLoader "
-            f"bs={BATCH} workers={WORKERS} (images/s) | vs PNG | vs raw |",
-            "|---|---|---|---|---|---|",
+            f"| stored as | MB stored | decode, one process (us/image) | worker CPU, one "
+            f"process (us/sample) | DataLoader bs={BATCH} workers={WORKERS} (images/s) "
+            "| vs PNG | vs raw |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name in outs:
             lines.append(
-                f"| {name} | {sizes[name]:.1f} | {med_us[name]:.1f} | {med[name]:,.0f} "
-                f"| {med[name] / png:.2f}x | {med[name] / raw:.2f}x |"
+                f"| {name} | {sizes[name]:.1f} | {med_us[name]:.1f} | {least_cpu[name]:.1f} "
+                f"| {med[name]:,.0f} | {med[name] / png:.2f}x | {med[name] / raw:.2f}x |"
             )
         lz4 = med["raw + lz4"]
+        cpu_raw, cpu_lz4 = least_cpu["raw"], least_cpu["raw + lz4"]
         lines += [
             "",
             f"- raw + lz4 vs PNG through the DataLoader: {lz4 / png:.2f}x (target >= 2x)",
             f"- raw + lz4 vs raw through the DataLoader: {lz4 / raw:.2f}x (target >= 0.9x)",
+            f"- worker CPU per sample (read, decompress, decode, collate; the least of "
+            f"{args.runs} runs in one process): raw {cpu_raw:.1f} us, raw + lz4 {cpu_lz4:.1f} "
+            f"us (+{cpu_lz4 - cpu_raw:.1f} us); PNG {least_cpu['PNG (--encode keep)']:.1f} us",
         ]
         text = "\n".join(lines)
         print(text)

@@ -17,7 +17,7 @@ import multiprocessing
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packer.engines import progress_bar
 from packer.errors import PackerError
@@ -25,6 +25,7 @@ from packer.job import BuildJob, ShardSettings
 from packer.plan import ShardPlan
 from packer.prepare import prepare_entries
 from packer.records import Entry
+from packer.ring import ByteRing, use_ring
 from packer.task import PortableError, make_portable, rebuild, run_shard, write_shard
 from packer.writers.part import read_done
 
@@ -32,26 +33,40 @@ _POOLED = 64  # fewer images than this are prepared in this process
 _IN_FLIGHT = 4  # batches queued per worker: enough to keep each busy, and memory bounded
 
 
-def _warm() -> None:
-    """In a new pool process, import what reading and writing images needs (OpenCV).
+class LocalPool(NamedTuple):
+    """The local engine's process pool, and the shared memory its processes hand bytes back in.
+
+    `ring` has a slot for each batch that `_shards_here` keeps in flight (None where processes
+    are spawned, not forked: see `packer.ring`).
+    """
+
+    processes: Any  # a multiprocessing.pool.Pool
+    ring: ByteRing | None
+
+
+def _start_worker(ring: ByteRing | None) -> None:
+    """In a new pool process: its ring, and the import of what checking images needs (OpenCV).
 
     This runs while the process that started the pool goes on scanning and planning.
     """
+    use_ring(ring)
     import cv2  # noqa: F401
 
 
-def start_pool(workers: int) -> Any:
+def start_pool(workers: int) -> LocalPool:
     """Start a pool of `workers` processes for `run_local`, warming up in the background.
 
     The pool is started now, by fork where there is fork (its processes share what this
-    process imported).
+    process imported, and its ring).
     """
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method).Pool(workers, initializer=_warm)
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    ring = ByteRing(workers * _IN_FLIGHT) if fork else None
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    return LocalPool(context.Pool(workers, initializer=_start_worker, initargs=(ring,)), ring)
 
 
 @contextlib.contextmanager
-def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
+def _pool(workers: int, pool: LocalPool | None) -> Iterator[LocalPool]:
     """`pool` when the caller started one, else a pool of `workers` for this call.
 
     Either way a failure stops the pool's processes before it propagates: a shard task
@@ -61,21 +76,30 @@ def _pool(workers: int, pool: Any | None) -> Iterator[Any]:
     try:
         yield active
     except BaseException:
-        active.terminate()
-        active.join()
+        kill_pool(active)
         raise
     if pool is None:
         stop_pool(active)
 
 
-def stop_pool(pool: Any) -> None:
+def stop_pool(pool: LocalPool) -> None:
     """Let the idle processes of `pool` exit on their own.
 
     No signal is sent: a signal handler that a library installed (paddle's) could hang a
     process it interrupts.
     """
-    pool.close()
-    pool.join()
+    pool.processes.close()
+    pool.processes.join()
+    if pool.ring is not None:
+        pool.ring.close()
+
+
+def kill_pool(pool: LocalPool) -> None:
+    """Stop the processes of `pool` now (a failure: their work is not wanted)."""
+    pool.processes.terminate()
+    pool.processes.join()
+    if pool.ring is not None:
+        pool.ring.close()
 
 
 def _shard_job(
@@ -88,7 +112,7 @@ def _shard_job(
         return make_portable(exc)
 
 
-def run_local(job: BuildJob, *, started: float, pool: Any | None = None) -> None:
+def run_local(job: BuildJob, *, started: float, pool: LocalPool | None = None) -> None:
     """Write the planned shards of `job` that are not finished.
 
     `pool` is the `start_pool` of ``job.cfg.workers`` processes to use (None: one is started
@@ -107,7 +131,7 @@ def run_local(job: BuildJob, *, started: float, pool: Any | None = None) -> None
             _shards_here(job, bar, started, pool)
 
 
-def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> None:
+def _shards_here(job: BuildJob, bar: Any, started: float, pool: LocalPool | None) -> None:
     """Run the shard task in this process, shard after shard, fed by `prepare_entries`.
 
     `prepare_entries` runs in a pool when there are workers and enough images; each shard is
@@ -131,7 +155,13 @@ def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> N
 
     pooled = workers > 1 and len(todo) >= _POOLED
     with _pool(workers, pool) if pooled else contextlib.nullcontext() as active:
-        results = prepare_entries(todo, settings, pool=active, in_flight=workers * _IN_FLIGHT)
+        results = prepare_entries(
+            todo,
+            settings,
+            pool=None if active is None else active.processes,
+            in_flight=workers * _IN_FLIGHT,
+            ring=None if active is None else active.ring,
+        )
         first_id = 0
         for shard in job.shards:
             if shard.number in job.finished:  # kept by --resume
@@ -151,7 +181,7 @@ def _shards_here(job: BuildJob, bar: Any, started: float, pool: Any | None) -> N
     bar.update(unshown)
 
 
-def _shards_in_pool(job: BuildJob, bar: Any, started: float, pool: Any | None) -> None:
+def _shards_in_pool(job: BuildJob, bar: Any, started: float, pool: LocalPool | None) -> None:
     """Run one shard task per pool process.
 
     Results are taken in plan order, so a bad input with ``on_error="fail"`` is reported as
@@ -162,7 +192,7 @@ def _shards_in_pool(job: BuildJob, bar: Any, started: float, pool: Any | None) -
     jobs = ((settings, job.tmp, s, job.entries_of(s)) for s in todo)
     written = 0
     with _pool(min(job.cfg.workers, len(todo)), pool) as workers:
-        for shard, result in zip(todo, workers.imap(_shard_job, jobs), strict=True):
+        for shard, result in zip(todo, workers.processes.imap(_shard_job, jobs), strict=True):
             if isinstance(result, tuple):
                 raise rebuild(result)
             written += int(result["bytes"])

@@ -18,6 +18,7 @@ from readers.formats.lmdb import (
     LookupGuard,
     image_key,
     label_key,
+    leaf_value,
     overflow_value,
 )
 from readers.io import handles
@@ -114,7 +115,7 @@ class LmdbDataset(ShardedDataset):
         local = i - int(self.shard_bounds[shard]) + 1
         key = image_key(local)
         try:
-            view = self._direct_view(i, shard)
+            view = self._direct_view(i, shard, key)
             if view is not None and self.index is not None:
                 return self._image(i, view, shard, key, as_bytes), self.index.labels[i]
             with self._env(shard).begin(buffers=True) as txn:
@@ -185,21 +186,22 @@ class LmdbDataset(ShardedDataset):
     # straight from a mapping of data.mdb, once this process has checked that the offsets
     # fit the file; any value whose page header does not agree is looked up through LMDB.
 
-    def _direct_view(self, i: int, shard: int) -> memoryview | None:
+    def _direct_view(self, i: int, shard: int, key: bytes) -> memoryview | None:
         if self._direct_generation != handles.generation:
             self._direct_maps = {}
             self._direct_generation = handles.generation
         found = self._direct_maps.get(shard)
         if shard not in self._direct_maps or (found is not None and not _still_open(found[0])):
             found = self._direct_maps[shard] = self._check_offsets(shard)
-        return None if found is None else self._at_offset(found[0], i, found[1])
+        return None if found is None else self._at_offset(found[0], i, found[1], key)
 
-    def _at_offset(self, mapped: Any, i: int, page_size: int) -> memoryview | None:
+    def _at_offset(self, mapped: Any, i: int, page_size: int, key: bytes) -> memoryview | None:
         index = self.index
         assert index is not None
         assert index.offset is not None
         offset, nbytes = int(index.offset[i]), int(index.nbytes[i])
-        return overflow_value(mapped, offset, nbytes, page_size)
+        found = overflow_value(mapped, offset, nbytes, page_size)
+        return found if found is not None else leaf_value(mapped, offset, nbytes, page_size, key)
 
     def _check_offsets(self, shard: int) -> tuple[Any, int] | None:
         """``(data.mdb mapped, page size)`` when the index's offsets of `shard` fit its file.
@@ -218,8 +220,9 @@ class LmdbDataset(ShardedDataset):
             mapped = handles.shared_mmap(os.path.join(self._shard_paths[shard], DATA_FILE))
             with env.begin(buffers=True) as txn:
                 for i in picks.tolist():
-                    stored = self._checked(txn, image_key(i - lo + 1), i, shard)
-                    found = self._at_offset(mapped, i, page_size)
+                    key = image_key(i - lo + 1)
+                    stored = self._checked(txn, key, i, shard)
+                    found = self._at_offset(mapped, i, page_size, key)
                     if stored is None:
                         return None
                     if found is None:  # a small value lives in its leaf page: fine if small

@@ -16,11 +16,13 @@ Frame header (https://github.com/lz4/lz4/blob/dev/doc/lz4_Frame_format.md): magi
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 MAGIC = b"\x04\x22\x4d\x18"
 _CONTENT_SIZE = 0x08  # FLG bit 3
 _DICT_ID = 0x01  # FLG bit 0
+_HEAD = struct.Struct("<4sBBQ")  # magic, FLG, BD, content size (when FLG bit 3 is set)
 _M = 0xFFFFFFFF
 _P1, _P2, _P3, _P4, _P5 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1
 
@@ -70,7 +72,10 @@ def content_size(data: Any) -> int | None:
     The content size an LZ4 frame's header gives, or None when it gives none (or `data`,
     any bytes-like object, does not start with an LZ4 frame header).
     """
-    head = bytes(data[:14])
-    if not head.startswith(MAGIC) or len(head) < 14 or not head[4] & _CONTENT_SIZE:
+    try:
+        magic, flags, _, size = _HEAD.unpack_from(data)
+    except (struct.error, TypeError):  # shorter than a header with the size
         return None
-    return int.from_bytes(head[6:14], "little")
+    if magic != MAGIC or not flags & _CONTENT_SIZE:
+        return None
+    return int(size)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from readers import LmdbDataset
-from readers.formats.lmdb import overflow_value
+from readers.formats.lmdb import image_key, leaf_value, overflow_value
 from tests.conftest import build_packed, encode, make_image
 
 
@@ -64,9 +64,7 @@ def test_values_are_read_at_their_offsets_without_lmdb_lookups(
     np.testing.assert_array_equal(ds[0][0], images[0])  # the offsets are checked here
     assert ds._direct_maps[0] is not None
     ds._handles[0] = NoLookups()  # from now on, a lookup through LMDB fails the read
-    for i, expected in enumerate(images):
-        if i % 5 == 2:
-            continue  # small values live in leaf pages: looked up (tested below)
+    for i, expected in enumerate(images):  # small values (i % 5 == 2) in their leaf pages too
         np.testing.assert_array_equal(ds[i][0], expected)
         assert ds.read_bytes(i) == (out.parent / "src" / "a" / f"img_{i:03d}.png").read_bytes()
     assert pickle.loads(pickle.dumps(ds))[1][1] == ds[1][1]
@@ -121,3 +119,35 @@ def test_overflow_value_reads_only_overflow_page_starts() -> None:
     assert overflow_value(page, 2 * 4096 + 16, 4, 4096) is None  # page 2 has no header
     page[4096 + 10] = 0x02  # a leaf page, not an overflow page
     assert overflow_value(page, 4096 + 16, 4, 4096) is None
+
+
+def _leaf_page(key: bytes, value: bytes) -> tuple[bytearray, int]:
+    """A 3-page file whose page 1 is a leaf holding `key` -> `value`; and the value's offset."""
+    data = bytearray(3 * 4096)
+    node = 4096 - 8 - len(key) - len(value)  # nodes fill a page from its end
+    data[4096:4112] = struct.pack("<QHHHH", 1, 0, 0x02, 16 + 2, node)  # one node pointer
+    data[4096 + 16 : 4096 + 18] = struct.pack("<H", node)
+    data[4096 + node : 4096 + node + 8] = struct.pack("<HHHH", len(value), 0, 0, len(key))
+    start = 4096 + node + 8 + len(key)
+    data[start - len(key) : start] = key
+    data[start : start + len(value)] = value
+    return data, start
+
+
+def test_leaf_value_reads_only_the_value_its_leaf_node_names() -> None:
+    key, value = image_key(7), b"small image bytes"
+    page, at = _leaf_page(key, value)
+    assert leaf_value(page, at, len(value), 4096, key) == value
+    assert leaf_value(page, at, len(value) - 1, 4096, key) is None  # the node says another size
+    assert leaf_value(page, at, len(value), 4096, image_key(8)) is None  # another key's node
+    assert leaf_value(page, at + 1, len(value) - 1, 4096, key) is None  # not the value's start
+    assert leaf_value(page, at + 4096, len(value), 4096, key) is None  # page 2: no leaf
+    unnamed = bytearray(page)
+    unnamed[4096 + 16 : 4096 + 18] = b"\0\0"  # no node pointer names the node: stale bytes
+    assert leaf_value(unnamed, at, len(value), 4096, key) is None
+    overflow = bytearray(page)
+    overflow[4096 + 10] = 0x04  # an overflow page, not a leaf
+    assert leaf_value(overflow, at, len(value), 4096, key) is None
+    big = bytearray(page)
+    big[at - len(key) - 4 : at - len(key) - 2] = struct.pack("<H", 1)  # F_BIGDATA: on pages
+    assert leaf_value(big, at, len(value), 4096, key) is None

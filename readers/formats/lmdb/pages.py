@@ -1,8 +1,8 @@
-"""LMDB 0.9's page header, and reading overflow values straight from ``data.mdb``.
+"""LMDB 0.9's page header, and reading values straight from ``data.mdb``.
 
-An overflow value is read from a mapping of ``data.mdb`` at its index offset (checked against
-the page header first); this module also finds where each value of a freshly written shard lies
-in the file.
+A value is read from a mapping of ``data.mdb`` at its index offset, checked first against the
+page header (an overflow value) or its leaf page's node (a small value); this module also finds
+where each value of a freshly written shard lies in the file.
 """
 
 from __future__ import annotations
@@ -38,6 +38,46 @@ def overflow_value(mapped: Any, offset: int, nbytes: int, page_size: int) -> mem
     if number != offset // page_size or not flags & P_OVERFLOW:
         return None
     if pages * page_size < nbytes + PAGE_HEADER.size:
+        return None
+    return memoryview(mapped)[offset : offset + nbytes]
+
+
+NODE_HEADER = struct.Struct("<HHHH")
+"""``MDB_node``'s header: the value's size (low, high 16 bits), flags, the key's size."""
+_POINTER = struct.Struct("<H")
+
+
+def leaf_value(
+    mapped: Any, offset: int, nbytes: int, page_size: int, key: bytes
+) -> memoryview | None:
+    """Return the `nbytes` at `offset` of a mapped ``data.mdb`` if they are `key`'s value, or None.
+
+    A value of up to about half a page lives in a leaf page, right after its node's header and
+    key. They are returned if the page there is a leaf page of that number whose node pointers
+    name a node right before `offset` that holds `key` and a plain value of `nbytes`.
+    """
+    page, at = divmod(offset, page_size)
+    base = page * page_size
+    node = at - NODE_HEADER.size - len(key)
+    if node < PAGE_HEADER.size or at + nbytes > page_size or base + page_size > len(mapped):
+        return None
+    number, _, flags, bounds = PAGE_HEADER.unpack_from(mapped, base)
+    lower, upper = bounds & 0xFFFF, bounds >> 16
+    if number != page or flags & (P_BRANCH | P_OVERFLOW | P_META) or not flags & P_LEAF:
+        return None
+    if not PAGE_HEADER.size <= lower <= upper <= node or lower % 2:
+        return None
+    low, high, node_flags, key_size = NODE_HEADER.unpack_from(mapped, base + node)
+    if low | high << 16 != nbytes or node_flags or key_size != len(key):
+        return None
+    if mapped[base + node + NODE_HEADER.size : base + at] != key:
+        return None
+    pointers = bytes(mapped[base + PAGE_HEADER.size : base + lower])
+    target = _POINTER.pack(node)
+    found = pointers.find(target)
+    while found > 0 and found % 2:  # a pointer starts at an even position
+        found = pointers.find(target, found + 1)
+    if found < 0:  # no pointer names the node: bytes left in free space
         return None
     return memoryview(mapped)[offset : offset + nbytes]
 
