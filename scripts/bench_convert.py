@@ -14,11 +14,17 @@ printed per record, and the time of a 10-sample convert (the command's start-up:
 numpy, pyarrow, typer) apart from the rest. The commands run with a bytecode cache in the
 benchmark's temporary directory (as an installed package has its .pyc), so no run compiles
 packer's sources.
+
+``--cold`` evicts IN's pages from the page cache before every timed ``cp`` and convert (the
+libraries stay warm: the convert's mapped libraries and bytecode are pinned in memory), so both
+read IN from the disk; ``--slow-disk`` (root) also throttles the disk's reads to an emulated
+hard disk (100 MiB/s, 300 IOPS, as bench_read.py's), where copying is I/O-bound for both.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import resource
 import shlex
@@ -37,6 +43,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import benchlib
+import pagecache
 
 from packer.records import Record
 from packer.repack import RepackConfig, RepackSource, repack
@@ -91,7 +101,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tmp", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    parser.add_argument("--cold", action="store_true", help="evict IN before each timed copy")
+    parser.add_argument("--slow-disk", action="store_true", help="--cold on an emulated HDD")
     args = parser.parse_args()
+    args.cold = args.cold or args.slow_disk
     tmp = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=args.tmp))
     try:
         src, tiny = tmp / "in.lmdb", tmp / "tiny.lmdb"
@@ -105,23 +118,54 @@ def main() -> None:
         start = [*packer, "convert", str(tiny), "--format", "recordio", "--no-progress"]
         timed([*convert, str(tmp / "warm.rec")], env)  # fills the bytecode cache
         timed(["cp", "-r", *map(str, shards), str(tmp / "warm")])  # same page cache for all
+        inputs = [str(f) for s in shards for f in sorted(s.iterdir())]
+        pinned, throttle, cached = None, None, 0.0
+        if args.cold:
+            for name in ("packer.cli", "packer.convert", "pyarrow.parquet"):
+                importlib.import_module(name)  # maps the convert's libraries, pinned below
+            libs = pagecache.mapped_files(exclude=inputs)
+            libs += [str(f) for f in (tmp / "pycache").rglob("*.pyc")]
+            pinned = pagecache.Pinned(libs)
+        if args.slow_disk:
+            throttle = benchlib.Throttle(tmp)
+            if throttle.group is None:
+                raise SystemExit(f"--slow-disk: {throttle.why}")
+            throttle.join()
+
+        def cold() -> None:
+            nonlocal cached
+            if args.cold:
+                cached = max(cached, pagecache.make_cold(inputs))
+
         convert_s, convert_cpu, cp_s, sync_s, start_s = [], [], [], [], []
         for run in range(args.runs):
             copy, synced, out = tmp / f"copy{run}", tmp / f"synced{run}", tmp / f"out{run}.rec"
             copy.mkdir()
             synced.mkdir()
+            cold()
             cp_s.append(timed(["cp", "-r", *map(str, shards), str(copy)])[0])
+            cold()
             sync_s.append(timed(copy_and_sync(shards, synced))[0])
+            cold()
             wall, cpu = timed([*convert, str(out)], env)
             convert_s.append(wall)
             convert_cpu.append(cpu)
             start_s.append(timed([*start, str(tmp / f"tiny{run}.rec")], env)[0])
             for path in (out, copy, synced, tmp / f"tiny{run}.rec"):
                 shutil.rmtree(path)
+        if pinned is not None:
+            pinned.close()
         c, p, q, t = (statistics.median(x) for x in (convert_s, cp_s, sync_s, start_s))
+        state = "warm page cache"
+        if args.cold:
+            state = f"IN evicted before each copy (at most {cached:.2%} still cached), "
+            state += f"libraries pinned ({pinned.locked / 1e6:.0f} MB)" if pinned else ""
+        if throttle is not None:
+            state += f"; emulated hard disk: {throttle.why}"
         cpu = statistics.median(convert_cpu)
         text = (
-            f"{args.count} samples, {payload / 1e6:.0f} MB stored: packer convert lmdb->recordio "
+            f"{args.count} samples, {payload / 1e6:.0f} MB stored, {state}: "
+            f"packer convert lmdb->recordio "
             f"{c:.2f} s ({cpu:.2f} s CPU, {cpu / args.count * 1e6:.1f} us/record with start-up), "
             f"cp -r {p:.2f} s, cp -r + sync {q:.2f} s (medians of {args.runs}): "
             f"{c / q:.2f}x cp -r + sync (target <= 1.5x), {c / p:.2f}x cp -r; start-up (a "
@@ -133,6 +177,8 @@ def main() -> None:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "bench_convert.md").write_text(f"### Convert speed\n\n{text}\n")
     finally:
+        if throttle is not None:
+            throttle.remove()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
