@@ -79,6 +79,11 @@ def _bars_svg(labels: list[str], counts: list[int], *, width: int = 1060) -> str
     return "".join(parts)
 
 
+def _num(x: float) -> str:
+    """A histogram edge as a person reads it: 1,280 rather than 1.28e+03, 1.33 for an aspect."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def _hist_svg(title: str, values: np.ndarray, *, log: bool = False) -> str:
     """A column histogram of `values` (log-spaced bins when `log`), with its range below."""
     w, h, pad = 340, 170, 28
@@ -101,13 +106,13 @@ def _hist_svg(title: str, values: np.ndarray, *, log: bool = False) -> str:
         bh = (h - 8) * c / top
         parts.append(
             f'<rect x="{1 + k * bw:.1f}" y="{h - bh:.1f}" width="{bw - 1:.1f}" height="{bh:.1f}" '
-            f'fill="#2f9e77"><title>{edges[k]:.3g}..{edges[k + 1]:.3g}: {c:,}</title></rect>'
+            f'fill="#2f9e77"><title>{_num(edges[k])}..{_num(edges[k + 1])}: {c:,}</title></rect>'
         )
     parts.append(
-        f'<text x="0" y="{h + 16}" font-size="11" fill="#556">{lo:.3g}</text>'
-        f'<text x="{w}" y="{h + 16}" font-size="11" fill="#556" text-anchor="end">{hi:.3g}</text>'
+        f'<text x="0" y="{h + 16}" font-size="11" fill="#556">{_num(lo)}</text>'
+        f'<text x="{w}" y="{h + 16}" font-size="11" fill="#556" text-anchor="end">{_num(hi)}</text>'
         f'<text x="{w / 2}" y="{h + 16}" font-size="11" fill="#556" text-anchor="middle">'
-        f"max bin {top:,}</text></svg></div>"
+        f"tallest bar {top:,}</text></svg></div>"
     )
     return "".join(parts)
 
