@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import cv2
@@ -40,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from compare_builds import compare_outputs
+from compare_builds import checked_out, compare_outputs, run_comparison, run_packer
 
 DEFAULT_REV = "00b62f0"
 """The last revision before convert's bulk path."""
@@ -48,19 +46,6 @@ MAGIC = struct.pack("<I", 0xCED7230A)
 TARGETS = ("lmdb", "recordio")
 SHARD_SIZE = "30KB"
 DEMO_OPTIONS = ("--per-class", "6", "--size", "40", "--seed", "7")
-
-
-def packer(tree: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``python -m packer.cli ARGS`` with the packer of `tree`."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    command = [sys.executable, "-m", "packer.cli", *args]
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise SystemExit(
-            f"failed with the packer of {tree} ({done.returncode}): {' '.join(command)}\n"
-            f"{done.stdout}{done.stderr}"
-        )
-    return done
 
 
 def _write(path: Path, image: np.ndarray, ext: str) -> None:
@@ -186,7 +171,9 @@ def make_inputs(work: Path) -> dict[str, Path]:
     }
     for case, options in builds.items():
         out = work / "in" / case
-        packer(ROOT, "build", options[0], str(out), *options[1:], "--workers", "1", "--no-progress")
+        run_packer(
+            ROOT, "build", options[0], str(out), *options[1:], "--workers", "1", "--no-progress"
+        )
         inputs[case] = out
     damage_one_record(inputs["ours-damaged"], src)
     images = [(src / rel).read_bytes() for rel in rels if rel.endswith(".png")][:8]
@@ -204,13 +191,8 @@ def compare(rev: str, work: Path, only: str | None) -> list[str]:
     inputs = make_inputs(work)
     if only is not None:
         inputs = {k: v for k, v in inputs.items() if k == only}
-    old_tree = work / "rev"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(old_tree), rev],
-        check=True,
-    )
-    try:
-        found: list[str] = []
+    found: list[str] = []
+    with checked_out(rev, work / "rev") as old_tree:
         for case, path in inputs.items():
             for target in TARGETS:
                 name = f"{case}-to-{target}"
@@ -219,13 +201,9 @@ def compare(rev: str, work: Path, only: str | None) -> list[str]:
                     out.parent.mkdir(exist_ok=True)
                     shutil.rmtree(out, ignore_errors=True)
                     options = ["--format", target, "--shard-size", SHARD_SIZE, "--no-progress"]
-                    packer(tree, "convert", str(path), str(out), *options)
+                    run_packer(tree, "convert", str(path), str(out), *options)
                 found += [f"{name}/{line}" for line in compare_outputs(old_out, new_out)]
-        return found
-    finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], check=False
-        )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,17 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="work under this directory and keep it")
     parser.add_argument("--only", help="only this input case (e.g. ours-lmdb)")
     args = parser.parse_args(argv)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=False)
-        found = compare(args.rev, args.keep, args.only)
-    else:
-        with tempfile.TemporaryDirectory(prefix="compare-converts-") as tmp:
-            found = compare(args.rev, Path(tmp), args.only)
-    if found:
-        print("\n".join(found))
-        return 1
-    print("identical")
-    return 0
+    return run_comparison(
+        lambda work: compare(args.rev, work, args.only), args.keep, "compare-converts-"
+    )
 
 
 if __name__ == "__main__":
