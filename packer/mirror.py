@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -119,20 +118,23 @@ def mirror_source(
     for folder in sorted({o.target.parent for o in objects}):
         folder.mkdir(parents=True, exist_ok=True)
     dest.mkdir(parents=True, exist_ok=True)
-    if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
-        from fsspec.asyn import sync
+    from fsspec.asyn import get_loop, sync
 
-        sync(fs.loop, _fetch_all, fs, objects, max(1, workers))
-    else:
-        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-            for future in [pool.submit(_fetch_sync, fs, o) for o in objects]:
-                future.result()
+    if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
+        get = _s3_get if hasattr(fs, "_call_s3") else _cat_get
+        sync(fs.loop, _fetch_all, fs, objects, max(1, workers), get)
+    else:  # on fsspec's own loop (this thread may run one: a notebook)
+        sync(get_loop(), _fetch_in_threads, fs, objects, max(1, workers))
     return len(objects)
 
 
-async def _fetch_all(fs: Any, objects: list[SourceObject], workers: int) -> None:
-    """Download `objects` on the filesystem's loop, `workers` at a time; the first error wins."""
-    get = _s3_get if hasattr(fs, "_call_s3") else _cat_get
+async def _fetch_all(
+    fs: Any,
+    objects: list[SourceObject],
+    workers: int,
+    get: Callable[[Any, SourceObject], Awaitable[bytes]],
+) -> None:
+    """Download `objects` by `get`, `workers` at a time; the first error wins."""
     pending = iter(objects)
 
     async def worker() -> None:
@@ -174,6 +176,18 @@ async def _cat_get(fs: Any, obj: SourceObject) -> bytes:
     return data
 
 
+async def _fetch_in_threads(fs: Any, objects: list[SourceObject], workers: int) -> None:
+    """`_fetch_all` for a filesystem without an event loop: its blocking reads on threads."""
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+
+        async def get(fs: Any, obj: SourceObject) -> bytes:
+            data: bytes = await loop.run_in_executor(pool, fs.cat_file, obj.path)
+            return data
+
+        await _fetch_all(fs, objects, workers, get)
+
+
 async def _fetch_async(
     fs: Any, obj: SourceObject, get: Callable[[Any, SourceObject], Awaitable[bytes]]
 ) -> bytes:
@@ -192,27 +206,6 @@ async def _fetch_async(
             continue
         if len(data) == obj.size:
             return data
-        last = EOFError(f"got {len(data)} bytes, the listing says {obj.size}")
-    raise _gave_up(obj, last)
-
-
-def _fetch_sync(fs: Any, obj: SourceObject) -> None:
-    """`_fetch_async` for a filesystem without an event loop (run on a thread each)."""
-    last: BaseException | None = None
-    for attempt in range(ATTEMPTS):
-        if attempt:
-            time.sleep(BACKOFF_S * (1 << (attempt - 1)))
-        try:
-            data: bytes = fs.cat_file(obj.path)
-        except Exception as exc:
-            error = _failure(obj, exc)
-            if error is not None:
-                raise error from exc
-            last = exc
-            continue
-        if len(data) == obj.size:
-            obj.target.write_bytes(data)
-            return
         last = EOFError(f"got {len(data)} bytes, the listing says {obj.size}")
     raise _gave_up(obj, last)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +150,13 @@ class PackedRecords:
 
     def read(self, start: int, stop: int) -> Iterator[Record | Problem]:
         """Records ``start..stop-1`` one by one (`Record` or `Problem`)."""
-        for item in self.read_batches(start, stop):
-            if isinstance(item, Problem):
-                yield item
-            else:
-                yield from (item.record(i) for i in range(len(item)))
+        return one_by_one(self.read_batches(start, stop))
+
+
+def one_by_one(items: Iterable[RecordBatch | Problem]) -> Iterator[Record | Problem]:
+    """`items` with each batch taken apart into its records, in order (problems as they are)."""
+    for item in items:
+        if isinstance(item, Problem):
+            yield item
+        else:
+            yield from (item.record(i) for i in range(len(item)))

@@ -28,7 +28,7 @@ from packer.build import BuildSummary
 from packer.errors import ConfigError, PackerError
 from packer.formats import FORMATS
 from packer.labels.classmap import remap_label, unite_classes
-from packer.packed import PackedRecords
+from packer.packed import PackedRecords, one_by_one
 from packer.plan import plan_shards
 from packer.problems import Problem
 from packer.repack import Item, RepackConfig, RepackSource, repack
@@ -161,11 +161,7 @@ class _Selection:
 
     def read(self, start: int, stop: int) -> Iterator[Item]:
         """Inputs ``start..stop-1`` one by one."""
-        for item in self.read_batches(start, stop):
-            if isinstance(item, Problem):
-                yield item
-            else:
-                yield from (item.record(i) for i in range(len(item)))
+        return one_by_one(self.read_batches(start, stop))
 
     def _whole(self, start: int, stop: int) -> tuple[int, int] | None:
         """(dataset, shard) when inputs ``start..stop-1`` are exactly one source shard."""
@@ -195,15 +191,9 @@ class _Selection:
         if entry.get("file_bytes") is None:
             return None
         records = source.describe(lo, hi)
-        table = self.tables[n]
-        if table is not None:
-            if records.int_labels is not None:
-                array = self.arrays[n]
-                assert array is not None
-                if not np.array_equal(array[records.int_labels], records.int_labels):
-                    return None
-            elif any(remap_label(label, table) != label for label in records.label):
-                return None
+        stored = records.label
+        if self._relabel(n, records).label != stored:  # the class table changes a label
+            return None
         moved = self.shard_cls.global_keys and first_id != lo  # its ids are rewritten
         return ReusedShard(
             source.root / str(entry["name"]),

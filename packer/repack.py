@@ -30,6 +30,7 @@ from typing import Any
 
 from packer import __version__
 from packer.build import BuildSummary, finish_output, prepare_build_dir, temp_dir_for
+from packer.engines import progress_bar
 from packer.errors import ConfigError, DiskFullError, InputError, OutputExistsError, PackerError
 from packer.formats import FORMATS
 from packer.output import build_lock, check_output_apart, prepare_parent
@@ -217,27 +218,6 @@ def _already_complete(out: Path, digest: str, started: float) -> BuildSummary:
     return BuildSummary.of_complete(out, meta, started)
 
 
-class _NoBar:
-    """The progress bar when none is shown (tqdm is then not even imported)."""
-
-    def update(self, n: int) -> None:
-        """Do nothing."""
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _progress(total: int, enabled: bool | None) -> Any:
-    if enabled is False or (enabled is None and not sys.stderr.isatty()):
-        return _NoBar()
-    from packer.engines import progress_bar
-
-    return progress_bar(total, enabled)
-
-
 def _write_shards(
     cfg: RepackConfig,
     source: RepackSource,
@@ -250,7 +230,7 @@ def _write_shards(
     shard_cls = FORMATS[cfg.format].writer
     total = len(source.sizes)
     copied = 0  # reused shards copied because the filesystem refused hard links
-    with _progress(total, cfg.progress) as bar:
+    with progress_bar(total, cfg.progress) as bar:
         first_id = 0
         for shard in shards:
             done = read_done(tmp, shard.number) if shard.number in finished else None

@@ -141,6 +141,9 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
     return np.clip(scaled, 0, 255).astype(np.uint8)
 
 
+_CODECS: dict[str, Any] = {}  # pyarrow codec of each compression, at its level
+
+
 def compress_pixels(raw: bytes, compression: str) -> bytes:
     """Compress raw pixels with `compression` (``zstd`` or ``lz4``).
 
@@ -154,13 +157,8 @@ def compress_pixels(raw: bytes, compression: str) -> bytes:
 
         level = _ZSTD_LEVEL if compression == "zstd" else _LZ4_LEVEL
         codec = _CODECS[compression] = pa.Codec(compression, level)
-    if compression == "zstd":
-        return bytes(codec.compress(raw, asbytes=True))
-    frame = bytes(codec.compress(raw, asbytes=True))
-    return lz4frame.with_content_size(frame, len(raw))
-
-
-_CODECS: dict[str, Any] = {}
+    data = bytes(codec.compress(raw, asbytes=True))
+    return data if compression == "zstd" else lz4frame.with_content_size(data, len(raw))
 
 
 def apply_transform(image: np.ndarray, fmt: str, t: Transform) -> tuple[bytes, str, np.ndarray]:

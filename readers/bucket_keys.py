@@ -85,8 +85,14 @@ def key_values(dataset: Any, key: str | npt.ArrayLike) -> npt.NDArray[Any]:
     if key != "aspect":
         return np.asarray(cols[0], dtype=np.int64)
     width, height = (np.asarray(c, dtype=np.float64) for c in cols)
+    return _aspect(width, height)
+
+
+def _aspect(width: FloatArray, height: FloatArray) -> FloatArray:
+    """``width / height`` of float64 sizes; -1 where the height is not positive (unknown)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(height > 0, width / np.where(height > 0, height, 1.0), -1.0)
+        aspect: FloatArray = np.where(height > 0, width / np.where(height > 0, height, 1.0), -1.0)
+    return aspect
 
 
 @dataclass(frozen=True)
@@ -141,9 +147,9 @@ def key_codes(
 
     Integer widths, heights and key arrays code as ``value - min``; an aspect of integer
     widths and heights codes the ``(width, height)`` pair, its table holding ``width /
-    height`` computed exactly as `key_values` does (so equal floats, bit for bit). None for a
-    table too large to pay (more than ``_TABLE_RANGE`` codes, or far more than samples), float
-    values, no selected sample, or a key `key_values` refuses (it then says why).
+    height`` computed as `key_values` computes it (`_aspect`: equal floats, bit for bit). None
+    for a table too large to pay (more than ``_TABLE_RANGE`` codes, or far more than samples),
+    float values, no selected sample, or a key `key_values` refuses (it then says why).
 
     Args:
         dataset: Its index supplies the columns.
@@ -179,9 +185,7 @@ def key_codes(
         codes -= hlo
     w = np.repeat(np.arange(wlo, whi + 1, dtype=np.float64), hspan)
     h = np.tile(np.arange(hlo, hhi + 1, dtype=np.float64), wspan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        table = np.where(h > 0, w / np.where(h > 0, h, 1.0), -1.0)
-    return KeyCodes(codes, table)
+    return KeyCodes(codes, _aspect(w, h))
 
 
 def bucket_edges(

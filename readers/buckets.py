@@ -82,9 +82,10 @@ class BucketBatchSampler(RankedEpochs):
         labels: Label values to keep (needs ``dataset.labels``); combined with ``indices``.
         weights: Over a ``readers.ConcatDataset``: one positive weight per source. Each epoch
             then buckets ``epoch_samples`` draws, source ``i`` exactly
-            ``round(N * w_i / sum(w))`` of them, drawn as ``ChunkShuffleSampler`` draws them
-            (chunk by chunk, without replacement until a source is used up, passes going on
-            across epochs; :mod:`readers.mixing`). The boundaries stay those of all selected
+            ``round(N * w_i / sum(w))`` of them (largest remainder, so the counts add up to
+            ``N``), drawn as ``ChunkShuffleSampler`` draws them (chunk by chunk, without
+            replacement until a source is used up, passes going on across epochs;
+            :mod:`readers.mixing`). The boundaries stay those of all selected
             samples; the number of batches then differs from epoch to epoch.
         epoch_samples: Draws per epoch of such a mixture; default: all selected samples.
     """

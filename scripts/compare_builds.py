@@ -23,11 +23,13 @@ Exit status 0 and "identical" when every output matches; else the differing file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +70,21 @@ def make_tree(src: Path) -> None:
     (bad / "truncated.jpg").write_bytes(jpeg.read_bytes()[: jpeg.stat().st_size // 2])
 
 
-def run_build(tree: Path, src: Path, out: Path, options: list[str]) -> None:
-    """``packer build SRC OUT OPTIONS`` with the packer of `tree`."""
+def run_packer(tree: Path, *args: str) -> None:
+    """``python -m packer.cli ARGS`` with the packer of `tree`; a failure ends the script."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    command = [sys.executable, "-m", "packer.cli", "build", str(src), str(out), *options]
-    command += ["--workers", "1", "--no-progress"]
+    command = [sys.executable, "-m", "packer.cli", *args]
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(
-            f"build failed with the packer of {tree} ({done.returncode}): {' '.join(command)}\n"
+            f"failed with the packer of {tree} ({done.returncode}): {' '.join(command)}\n"
             f"{done.stdout}{done.stderr}"
         )
+
+
+def run_build(tree: Path, src: Path, out: Path, options: list[str]) -> None:
+    """``packer build SRC OUT OPTIONS`` with the packer of `tree`."""
+    run_packer(tree, "build", str(src), str(out), *options, "--workers", "1", "--no-progress")
 
 
 def _files(root: Path) -> set[str]:
@@ -113,17 +119,27 @@ def compare_outputs(old: Path, new: Path) -> list[str]:
     return found
 
 
+@contextlib.contextmanager
+def checked_out(rev: str, tree: Path) -> Iterator[Path]:
+    """Revision `rev` of this repository checked out at `tree` (a worktree removed after)."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev],
+        check=True,
+    )
+    try:
+        yield tree
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
+        )
+
+
 def compare(rev: str, work: Path) -> list[str]:
     """Build every case with `rev` and with this tree under `work`; the differences found."""
     src = work / "src"
     make_tree(src)
-    old_tree = work / "rev"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(old_tree), rev],
-        check=True,
-    )
-    try:
-        found: list[str] = []
+    found: list[str] = []
+    with checked_out(rev, work / "rev") as old_tree:
         for case, options in BUILDS.items():
             old_out, new_out = work / "out-rev" / case, work / "out-tree" / case
             old_out.parent.mkdir(exist_ok=True)
@@ -131,11 +147,25 @@ def compare(rev: str, work: Path) -> list[str]:
             run_build(old_tree, src, old_out, options)
             run_build(ROOT, src, new_out, options)
             found += [f"{case}/{line}" for line in compare_outputs(old_out, new_out)]
-        return found
-    finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], check=False
-        )
+    return found
+
+
+def run_comparison(compare_in: Callable[[Path], list[str]], keep: Path | None, prefix: str) -> int:
+    """``compare_in(work)`` under `keep` (kept) or a temporary directory; print, exit status.
+
+    Prints the differences found and returns 1, or prints "identical" and returns 0.
+    """
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=False)
+        found = compare_in(keep)
+    else:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            found = compare_in(Path(tmp))
+    if found:
+        print("\n".join(found))
+        return 1
+    print("identical")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,17 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rev", default=DEFAULT_REV, help="the revision to compare with")
     parser.add_argument("--keep", type=Path, help="build under this directory and keep it")
     args = parser.parse_args(argv)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=False)
-        found = compare(args.rev, args.keep)
-    else:
-        with tempfile.TemporaryDirectory(prefix="compare-builds-") as tmp:
-            found = compare(args.rev, Path(tmp))
-    if found:
-        print("\n".join(found))
-        return 1
-    print("identical")
-    return 0
+    return run_comparison(lambda work: compare(args.rev, work), args.keep, "compare-builds-")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ with quotes and non-ASCII letters, lists of numbers, no labels, several shards),
 images whose pixels hold the RecordIO magic word at every alignment (multi-part records),
 compressed raw pixels, a dataset with one damaged record (a CRC-32 mismatch), and bare inputs
 written from their specifications (a scene-text LMDB, an MXNet ``.rec``/``.idx`` pair with
-InsightFace's header record, WebDataset tars when the ``webdataset`` package is installed).
+InsightFace's header record: the writers of ``tests/packer/test_convert.py``; WebDataset tars
+when the ``webdataset`` package is installed).
 Each input is converted to every format with ``python -m packer.cli convert`` in a subprocess
 with ``PYTHONPATH`` set to the tree under test (the revision is checked out with ``git worktree
 add`` into a temporary directory and removed afterwards), with a small ``--shard-size`` so that
@@ -25,22 +26,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import cv2
-import lmdb
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 
-from compare_builds import compare_outputs
+from compare_builds import checked_out, compare_outputs, run_comparison, run_packer
+
+from tests.packer.test_convert import write_mxnet_rec, write_scene_text_lmdb
 
 DEFAULT_REV = "00b62f0"
 """The last revision before convert's bulk path."""
@@ -48,19 +49,6 @@ MAGIC = struct.pack("<I", 0xCED7230A)
 TARGETS = ("lmdb", "recordio")
 SHARD_SIZE = "30KB"
 DEMO_OPTIONS = ("--per-class", "6", "--size", "40", "--seed", "7")
-
-
-def packer(tree: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``python -m packer.cli ARGS`` with the packer of `tree`."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    command = [sys.executable, "-m", "packer.cli", *args]
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise SystemExit(
-            f"failed with the packer of {tree} ({done.returncode}): {' '.join(command)}\n"
-            f"{done.stdout}{done.stderr}"
-        )
-    return done
 
 
 def _write(path: Path, image: np.ndarray, ext: str) -> None:
@@ -90,34 +78,6 @@ def make_magic_tree(src: Path) -> None:
         _write(src / "magic" / f"m{phase}.png", flat.reshape(12, 12).copy(), ".png")
     rng = np.random.default_rng(5)
     _write(src / "noise" / "n0.png", rng.integers(0, 256, (12, 12), dtype=np.uint8), ".png")
-
-
-def write_scene_text_lmdb(root: Path, images: list[bytes], labels: list[str]) -> None:
-    """The public scene-text layout, written with py-lmdb directly."""
-    env = lmdb.open(str(root), map_size=1 << 26, subdir=True)
-    with env.begin(write=True) as txn:
-        for i, (data, label) in enumerate(zip(images, labels, strict=True), start=1):
-            txn.put(b"image-%09d" % i, data)
-            txn.put(b"label-%09d" % i, label.encode("utf-8"))
-        txn.put(b"num-samples", str(len(images)).encode())
-    env.close()
-
-
-def _record(payload: bytes) -> bytes:
-    return struct.pack("<II", 0xCED7230A, len(payload)) + payload + b"\0" * (-len(payload) % 4)
-
-
-def write_insightface_rec(prefix: Path, images: list[bytes]) -> None:
-    """An MXNet .rec/.idx pair with InsightFace's header record (key 0) and integral labels."""
-    rec, idx = bytearray(), []
-    n = len(images)
-    idx.append((0, 0))
-    rec += _record(struct.pack("<IfQQ", 2, 0.0, 0, 0) + struct.pack("<ff", n + 1, n + 2))
-    for j, data in enumerate(images):
-        idx.append((1 + j, len(rec)))
-        rec += _record(struct.pack("<IfQQ", 0, float(j % 3), 1 + j, 0) + data)
-    prefix.with_suffix(".rec").write_bytes(bytes(rec))
-    prefix.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in idx))
 
 
 def write_tars(root: Path, images: list[bytes]) -> bool:
@@ -186,13 +146,16 @@ def make_inputs(work: Path) -> dict[str, Path]:
     }
     for case, options in builds.items():
         out = work / "in" / case
-        packer(ROOT, "build", options[0], str(out), *options[1:], "--workers", "1", "--no-progress")
+        run_packer(
+            ROOT, "build", options[0], str(out), *options[1:], "--workers", "1", "--no-progress"
+        )
         inputs[case] = out
     damage_one_record(inputs["ours-damaged"], src)
     images = [(src / rel).read_bytes() for rel in rels if rel.endswith(".png")][:8]
     write_scene_text_lmdb(work / "in" / "bare-lmdb", images, [f"t{i} ü" for i in range(8)])
     inputs["bare-lmdb"] = work / "in" / "bare-lmdb"
-    write_insightface_rec(work / "in" / "bare-rec", images)
+    labels = [float(j % 3) for j in range(len(images))]
+    write_mxnet_rec(work / "in" / "bare-rec", images, labels, insightface=True)
     inputs["bare-rec"] = work / "in" / "bare-rec.rec"
     if write_tars(work / "in" / "wds", images):
         inputs["wds"] = work / "in" / "wds"
@@ -204,13 +167,8 @@ def compare(rev: str, work: Path, only: str | None) -> list[str]:
     inputs = make_inputs(work)
     if only is not None:
         inputs = {k: v for k, v in inputs.items() if k == only}
-    old_tree = work / "rev"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(old_tree), rev],
-        check=True,
-    )
-    try:
-        found: list[str] = []
+    found: list[str] = []
+    with checked_out(rev, work / "rev") as old_tree:
         for case, path in inputs.items():
             for target in TARGETS:
                 name = f"{case}-to-{target}"
@@ -219,13 +177,9 @@ def compare(rev: str, work: Path, only: str | None) -> list[str]:
                     out.parent.mkdir(exist_ok=True)
                     shutil.rmtree(out, ignore_errors=True)
                     options = ["--format", target, "--shard-size", SHARD_SIZE, "--no-progress"]
-                    packer(tree, "convert", str(path), str(out), *options)
+                    run_packer(tree, "convert", str(path), str(out), *options)
                 found += [f"{name}/{line}" for line in compare_outputs(old_out, new_out)]
-        return found
-    finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], check=False
-        )
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,17 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="work under this directory and keep it")
     parser.add_argument("--only", help="only this input case (e.g. ours-lmdb)")
     args = parser.parse_args(argv)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=False)
-        found = compare(args.rev, args.keep, args.only)
-    else:
-        with tempfile.TemporaryDirectory(prefix="compare-converts-") as tmp:
-            found = compare(args.rev, Path(tmp), args.only)
-    if found:
-        print("\n".join(found))
-        return 1
-    print("identical")
-    return 0
+    return run_comparison(
+        lambda work: compare(args.rev, work, args.only), args.keep, "compare-converts-"
+    )
 
 
 if __name__ == "__main__":

@@ -31,15 +31,35 @@ class EngineError(PackerError):
     """
 
 
+class _NoBar:
+    """The progress bar when none is shown: tqdm is then not even imported."""
+
+    def update(self, n: int) -> None:
+        """Do nothing."""
+
+    def set_postfix_str(self, text: str) -> None:
+        """Do nothing."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def progress_bar(total: int, enabled: bool | None) -> Any:
-    """A tqdm bar over `total` images (None: shown when stderr is a terminal)."""
+    """A tqdm bar over `total` images (None: shown when stderr is a terminal).
+
+    Without a bar, an object that takes the same calls and does nothing (no tqdm import).
+    """
+    if enabled is False or (enabled is None and not sys.stderr.isatty()):
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(
         total=total,
         unit="img",
         desc="packing",
-        disable=(not sys.stderr.isatty()) if enabled is None else not enabled,
         dynamic_ncols=True,
         smoothing=0.1,
     )

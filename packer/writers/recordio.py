@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from packer.errors import PackerError
 from packer.problems import Problem
 from packer.records import Record
-from packer.writers.base import ShardWriter
+from packer.writers.base import ShardWriter, clone_entry
 from packer.writers.batch import RecordBatch
 from readers.formats.recordio import (
     IDX_SUFFIX,
@@ -269,10 +268,14 @@ class RecordIOShardWriter(ShardWriter):
 
 
 def _unshare(path: Path) -> None:
-    """Make `path` a file of its own when it is a hard link of another (a reused shard's)."""
+    """Make `path` a file of its own when it is a hard link of another (a reused shard's).
+
+    A clone (`clone_entry`: a reflink where the filesystem shares blocks, else a copy).
+    """
     if os.stat(path).st_nlink > 1:
         own = path.with_name(path.name + ".own")
-        shutil.copyfile(path, own)
+        own.unlink(missing_ok=True)  # left by an interrupted earlier run
+        clone_entry(path, own)
         os.replace(own, path)
 
 
