@@ -20,6 +20,11 @@ parsed JSON without ``created`` and ``tool_version``) and LMDB's ``lock.mdb``, a
 differing files and 1.
 
     python scripts/compare_converts.py [--rev 00b62f0] [--keep DIR] [--only CASE]
+
+Against the default revision one difference is expected and is a fix: ``00b62f0`` dropped the
+index's ``compression`` field when it converted compressed raw pixels (its output did not
+decode), so the ``ours-raw-lz4-to-*`` cases differ in ``index.jsonl``, ``index.parquet`` and
+``meta.json``; every other case must print identical (``--only`` runs the others alone).
 """
 
 from __future__ import annotations
