@@ -1,0 +1,197 @@
+"""The client side of reads by range: direct GETs over s3fs's session, bodies kept as received.
+
+Ranges are sent as GETs of URLs presigned by s3fs's own client over its own HTTP session
+(`readers.remote.direct`); any other answer than the range makes that request through s3fs.
+Bodies are kept as the chunks received (`readers.io.pieces.Piece`), records are views of them
+(`view_record_at`), checked with zlib's CRC-32 (`readers.remote.crc`). The server is moto on
+loopback, with the fault proxy in front where the requests are counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from readers.formats.recordio.records import encode_record, read_record_at, view_record_at
+from readers.io import ranges
+from readers.io.pieces import Piece
+from readers.remote import crc, direct
+from tests.conftest import build_packed, write_tree
+from tests.s3.fault_proxy import FaultProxy, s3_options
+from tests.s3.test_s3_ranges import local_items, open_remote, publish
+
+BUCKET = "client"
+
+
+@pytest.fixture(scope="module")
+def uploaded(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A RecordIO dataset of 30 images in two shards, built locally and published."""
+    import s3fs
+
+    s3fs.S3FileSystem(**s3_options(s3_endpoint)).mkdir(BUCKET)
+    tmp = tmp_path_factory.mktemp("client")
+    files = write_tree(tmp / "src", {"a": 15, "b": 15}, seed=11)
+    size = str(sum(len(b) for b in files.values()) // 2 + 1)
+    out = build_packed(tmp / "src", tmp / "out", "recordio", shard_size=int(size))
+    url = f"s3://{BUCKET}/ds"
+    publish(tmp / "src", url, "--shard-size", size)
+    return out, url
+
+
+@pytest.fixture
+def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
+    p = FaultProxy(s3_endpoint)
+    yield p
+    p.close()
+
+
+def read_all(ds: Any) -> list[Any]:
+    """Every item, each shard hinted first (one GET per shard)."""
+    bounds = [int(b) for b in ds.shard_bounds]
+    for lo, hi in itertools.pairwise(bounds):
+        ds.prefetch(lo, hi)
+    return [ds[i] for i in range(len(ds))]
+
+
+# --- direct GETs ------------------------------------------------------------------------------
+
+
+def test_ranges_are_direct_gets_through_the_endpoint_given(
+    uploaded: tuple[Path, str], proxy: FaultProxy
+) -> None:
+    """Every range is one direct GET, sent where storage_options say (the proxy), none via s3fs."""
+    out, url = uploaded
+    ds = open_remote(url, proxy.url)
+    objects, cache = ds._remote.objects, ds._remote.cache
+    assert objects.direct is not None
+    proxy.arm(None)
+    assert read_all(ds) == local_items(out)
+    assert cache.gets == 2  # one per shard
+    assert objects.direct.sent == cache.gets == proxy.requests
+    assert set(proxy.methods) == {"GET"}
+
+
+def test_a_refused_direct_get_is_made_through_s3fs_then_direct_again(
+    uploaded: tuple[Path, str], proxy: FaultProxy
+) -> None:
+    out, url = uploaded
+    want = local_items(out)
+    ds = open_remote(url, proxy.url)
+    objects = ds._remote.objects
+    proxy.arm("slowdown", count=1)  # the direct GET gets 503: s3fs makes it, and succeeds
+    assert ds[3] == want[3]
+    assert (proxy.injected, proxy.requests, objects.direct.sent) == (1, 2, 1)
+    assert not objects._through_client  # s3fs succeeded: the next GET is direct again
+    assert ds[5] == want[5]
+    assert (proxy.requests, objects.direct.sent) == (3, 2)
+
+
+def test_a_refused_url_is_presigned_again(uploaded: tuple[Path, str], proxy: FaultProxy) -> None:
+    """403 ExpiredToken for a URL (its credentials expired): s3fs signs anew, a new URL follows."""
+    out, url = uploaded
+    want = local_items(out)
+    ds = open_remote(url, proxy.url)
+    objects = ds._remote.objects
+    assert ds[0] == want[0]
+    path = objects.objects[0].path
+    first = objects.direct._urls[path][0]
+    time.sleep(1.1)  # a URL signed now differs (X-Amz-Date has seconds)
+    proxy.arm("expired", count=1)
+    assert ds[1] == want[1]
+    assert (proxy.injected, proxy.requests) == (1, 2)  # the URL refused, then s3fs's GET
+    assert path not in objects.direct._urls  # forgotten: presigned again on the next GET
+    assert ds[2] == want[2]
+    assert (proxy.requests, objects.direct.sent) == (3, 3)
+    assert objects.direct._urls[path][0] != first
+
+
+def test_filesystems_with_request_parameters_are_left_to_s3fs(s3_endpoint: str) -> None:
+    import s3fs
+
+    for options in ({"requester_pays": True}, {"version_aware": True}):
+        fs = s3fs.S3FileSystem(**s3_options(s3_endpoint), **options)
+        assert direct.DirectGets.for_fs(fs) is None
+    assert direct.DirectGets.for_fs(s3fs.S3FileSystem(**s3_options(s3_endpoint))) is not None
+
+
+def test_direct_gets_can_be_turned_off(
+    uploaded: tuple[Path, str], proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, url = uploaded
+    monkeypatch.setenv("PACKER_S3_DIRECT", "0")
+    ds = open_remote(url, proxy.url)
+    assert ds._remote.objects.direct is None
+    assert read_all(ds) == local_items(out)
+
+
+@pytest.mark.parametrize("mode", ["drop", "truncate"])
+def test_broken_direct_bodies_are_retried_directly(
+    uploaded: tuple[Path, str], proxy: FaultProxy, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body cut short is a transfer fault: our next attempt is a direct GET again."""
+    monkeypatch.setattr(ranges, "BACKOFF_S", 0.01)
+    out, url = uploaded
+    ds = open_remote(url, proxy.url)
+    proxy.arm(mode, count=2)
+    assert read_all(ds) == local_items(out)
+    objects = ds._remote.objects
+    assert proxy.injected == 2
+    assert objects.retries == 2
+    assert objects.direct.sent == proxy.requests == 4  # 2 shards + 2 retries, all direct
+
+
+# --- bodies as received -----------------------------------------------------------------------
+
+
+def test_a_piece_serves_every_range_as_the_joined_bytes() -> None:
+    rng = random.Random(4)
+    data = os.urandom(3000)
+    cuts = sorted(rng.sample(range(1, len(data)), 25))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    piece = Piece(1000, [*chunks[:3], b"", *chunks[3:]])  # an empty chunk is skipped
+    assert (piece.begin, piece.end, len(piece)) == (1000, 4000, 3000)
+    inside = 0
+    for _ in range(2000):
+        a = rng.randrange(0, len(data))
+        b = rng.randrange(a + 1, len(data) + 1)
+        buf, at = piece.locate(1000 + a, 1000 + b)
+        assert bytes(memoryview(buf)[at : at + b - a]) == data[a:b]
+        inside += buf in chunks  # served from a chunk received, not a copy
+        assert piece.bytes(1000 + a, 1000 + b) == data[a:b]
+    assert inside > 100
+    assert piece.bytes(0, 10**6) == data  # clipped to the piece
+
+
+def test_view_record_at_is_read_record_at_without_the_copy() -> None:
+    small, large = os.urandom(300), os.urandom(5000)
+    large = large.replace(b"\x0a\x23\xd7\xce", b"xxxx")  # no accidental magic
+    large = large[:1000] + (0xCED7230A).to_bytes(4, "little") + large[1000:]  # split in parts
+    buf = b"".join(encode_record(p) for p in (small, large))
+    second = len(encode_record(small))
+    for offset, payload in ((0, small), (second, large)):
+        view, end = view_record_at(buf, offset)
+        assert (bytes(view), end) == (payload, read_record_at(buf, offset)[1])
+        assert read_record_at(buf, offset)[0] == payload
+    assert isinstance(view_record_at(buf, 0)[0], memoryview)  # one part: a view of buf
+    assert isinstance(view_record_at(buf, second)[0], bytes)  # several parts: joined
+
+
+def test_crc32_is_zlibs() -> None:
+    data = os.urandom(70_000)
+    assert crc.crc32(data) == zlib.crc32(data)
+    assert crc.crc32(memoryview(data)[5:9000]) == zlib.crc32(data[5:9000])
+    assert crc.crc32(data[40_000:], crc.crc32(data[:40_000])) == zlib.crc32(data)
+    try:
+        import zlib_ng  # noqa: F401
+    except ImportError:
+        assert not crc.ACCELERATED
+    else:
+        assert crc.ACCELERATED
