@@ -123,6 +123,7 @@ class RemoteObjects:
         storage_options: fsspec options for it.
         paths: the objects' paths in that filesystem, in shard order.
         urls: their URLs, for messages.
+        fs: the filesystem to use in this process (default: made from `url` and the options).
 
     Raises:
         RemoteReadError: an object is missing or cannot be listed.
@@ -134,12 +135,18 @@ class RemoteObjects:
         storage_options: dict[str, Any] | None,
         paths: Iterable[str],
         urls: Iterable[str],
+        *,
+        fs: Any = None,
     ) -> None:
         self.source = url
         self.storage_options = storage_options
         self._fs: Any = None
         self._direct: Any = None  # readers.remote.direct.DirectGets of `_fs`, or None
         self._pid = -1
+        if fs is not None:
+            from readers.remote.direct import DirectGets
+
+            self._fs, self._direct, self._pid = fs, DirectGets.for_fs(fs), os.getpid()
         self._urls = dict(zip(paths, urls, strict=True))
         self._through_client: set[str] = set()  # paths whose last direct GET was refused
         self.objects = [self._stat(path) for path in self._urls]

@@ -195,3 +195,98 @@ def test_crc32_is_zlibs() -> None:
         assert not crc.ACCELERATED
     else:
         assert crc.ACCELERATED
+
+
+# --- staging: ranged GETs in flight -----------------------------------------------------------
+
+
+def test_staging_keeps_several_gets_in_flight(
+    uploaded: tuple[Path, str], proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from readers import RecordIODataset
+    from readers.staging import download
+
+    monkeypatch.setattr(download, "PIECE_BYTES", 1024)  # a shard of ~20 KB: ~20 GETs
+    out, url = uploaded
+    proxy.arm(None)
+    options = {"cache_dir": tmp_path / "c", "storage_options": s3_options(proxy.url)}
+    ds = RecordIODataset(url, decode="bytes", **options)
+    assert [ds[i] for i in range(len(ds))] == local_items(out)
+    staged = sorted(p for p in (tmp_path / "c").rglob("shard-*.rec") if not p.is_symlink())
+    sizes = [p.stat().st_size for p in staged]
+    assert len(sizes) == 2
+    assert proxy.requests == sum(-(-size // 1024) for size in sizes)  # one GET per piece
+    assert proxy.most_in_flight > 1
+
+
+def test_staging_checks_packers_sha256_without_a_crc(
+    s3_endpoint: str, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects uploaded without a checksum: the SHA-256 packer stores in their metadata."""
+    import hashlib
+
+    import boto3
+    import urllib3
+
+    from readers import RecordIODataset
+    from readers.staging.files import StagingError
+
+    write_tree(tmp_path / "src", {"a": 5, "b": 5}, seed=12)
+    url = f"s3://{BUCKET}/nocrc"
+    publish(tmp_path / "src", url)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="nocrc/")["Contents"]]
+    key = next(k for k in keys if k.endswith(".rec"))
+    data = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    # the same bytes PUT again by a plain HTTP client: no checksum, packer's metadata only
+    link = s3.generate_presigned_url("put_object", Params={"Bucket": BUCKET, "Key": key})
+    sha = hashlib.sha256(data).hexdigest()
+    put = urllib3.PoolManager().request(
+        "PUT", link, body=data, headers={"x-amz-meta-packer-sha256": sha}
+    )
+    assert put.status == 200
+    head = s3.head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")
+    assert "ChecksumCRC32" not in head
+    assert head["Metadata"]["packer-sha256"] == sha
+    options = {"storage_options": s3_options(proxy.url)}
+    proxy.arm("alter", count=1)
+    with pytest.raises(StagingError, match=r"nocrc/.*shard-00000.rec: .* do not match .*SHA-256"):
+        RecordIODataset(url, decode="bytes", cache_dir=tmp_path / "c", **options)
+    ds = RecordIODataset(url, decode="bytes", cache_dir=tmp_path / "c2", **options)
+    assert len(ds) == 10
+    assert all(zlib.crc32(ds[i][0]) == int(ds.index.crc32[i]) for i in range(len(ds)))
+
+
+# --- one client per process, made from the models parsed before fork ---------------------------
+
+
+def _child_session(endpoint: str, url: str) -> tuple[bool, bool, int, int]:
+    import readers.remote as remote
+
+    cached = len(remote._LOADER._cache)  # models the parent parsed, inherited
+    fs, path = remote.filesystem(url, s3_options(endpoint))
+    size = fs.info(f"{path}/meta.json")["size"]
+    session = remote._SESSION
+    assert session is not None
+    own = session[0] == os.getpid() and fs.session is session[1]
+    shared = session[1].get_component("data_loader") is remote._LOADER
+    return own, shared, cached, int(size)
+
+
+def test_a_forked_process_makes_its_client_from_the_models_parsed_before(
+    uploaded: tuple[Path, str], s3_endpoint: str
+) -> None:
+    import multiprocessing
+
+    import readers.remote as remote
+
+    _, url = uploaded
+    fs, path = remote.filesystem(url, s3_options(s3_endpoint))
+    size = fs.info(f"{path}/meta.json")["size"]  # the client made here: models parsed
+    assert fs.session is remote.s3_session()
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        own, shared, cached, child_size = pool.apply(_child_session, (s3_endpoint, url))
+    assert own  # a session and client of its own (not fork-safe to share)
+    assert shared  # built with the parent's data loader ...
+    assert cached > 0  # ... which holds the models parsed before the fork
+    assert child_size == size
