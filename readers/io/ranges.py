@@ -218,7 +218,7 @@ class RemoteObjects:
     def _get(self, path: str, begin: int, end: int) -> Piece:
         """One GET of bytes ``[begin, end)`` of `path`: direct, or through the client."""
         direct = self.direct
-        if direct is not None and path not in self._through_client:
+        if direct is not None and direct.usable and path not in self._through_client:
             from readers.remote.direct import DirectRefused
 
             try:
@@ -306,11 +306,13 @@ class RangeCache:
     `PIECE_BYTES` in all), so a store slower than the reads gets fewer, larger requests.
     A cold cache ramps up: its first GET asks for at most `FIRST_BYTES` and goes alone, each
     next one may be twice as large and one more may run beside it, so the first records
-    arrive after a small GET. `locate` serves a range from the hinted range that holds it (or
-    the adjacent ones that do, where a ramp cut it), waiting for those on their way, and
-    reads any other range alone (a random read stays one record). Hinted ranges stay in
-    memory up to `kept_bytes`, least recently used dropped. Pickles without its pool and
-    ranges; a forked process starts with none.
+    arrive after a small GET (what a cut would leave over, under twice the next step, goes
+    with the last part: no small GET of a remainder). `locate` serves a range from the
+    hinted range that holds it (or the adjacent ones that do, where a ramp cut it), waiting
+    for those on their way, and reads any other range alone (a random read stays one
+    record). Hinted ranges stay in memory, as the chunks received, up to `kept_bytes`, least
+    recently used dropped. Pickles without its pool and ranges; a forked process starts with
+    none.
     """
 
     def __init__(self, objects: RemoteObjects, *, kept_bytes: int = KEPT_BYTES) -> None:

@@ -52,6 +52,8 @@ class DirectGets:
         self._urls: dict[str, tuple[str, float]] = {}  # path -> (presigned URL, when)
         self.sent = 0
         """Direct GETs sent by this process."""
+        self.usable = True
+        """False once the client cannot presign or its session is not aiohttp's: s3fs only."""
 
     @classmethod
     def for_fs(cls, fs: Any) -> DirectGets | None:
@@ -108,7 +110,8 @@ class DirectGets:
         try:
             url = await self._url(client, path, bucket, key)
             session = client._endpoint.http_session
-        except Exception as exc:  # no presigning here (an unsigned client, another backend)
+        except Exception as exc:  # no presigning with this client
+            self.usable = False
             raise DirectRefused(f"cannot presign ({exc!r})") from exc
         request = AWSPreparedRequest(
             "GET", url, {"Range": f"bytes={begin}-{end - 1}"}, None, stream_output=True
@@ -117,7 +120,8 @@ class DirectGets:
         response = await session.send(request)
         raw = response.raw
         content: Any = getattr(raw, "content", None)
-        if not hasattr(content, "readchunk"):  # not aiohttp's response
+        if not hasattr(content, "readchunk"):  # another HTTP backend (httpx)
+            self.usable = False
             raw.close()
             raise DirectRefused("not an aiohttp response")
         if response.status_code != 206 or not _is_range(response.headers, begin, end):
