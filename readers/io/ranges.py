@@ -310,9 +310,9 @@ class RangeCache:
     with the last part: no small GET of a remainder). `locate` serves a range from the
     hinted range that holds it (or the adjacent ones that do, where a ramp cut it), waiting
     for those on their way, and reads any other range alone (a random read stays one
-    record). Hinted ranges stay in memory, as the chunks received, up to `kept_bytes`, least
-    recently used dropped. Pickles without its pool and ranges; a forked process starts with
-    none.
+    record). Hinted ranges stay in memory, as the chunks received, up to `kept_bytes`: those
+    read already are dropped first (least recently used first), then the oldest hinted.
+    Pickles without its pool and ranges; a forked process starts with none.
     """
 
     def __init__(self, objects: RemoteObjects, *, kept_bytes: int = KEPT_BYTES) -> None:
@@ -328,6 +328,7 @@ class RangeCache:
         self._cut: set[tuple[int, int, int]] = set()  # queued parts of a range cut to ramp up
         self._ramp = FIRST_BYTES  # the most bytes the next range queued is fetched in at once
         self._held = 0  # bytes of the hinted ranges in `_pieces`
+        self._read: set[tuple[int, int, int]] = set()  # hinted ranges read from since hinted
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)  # a GET ended: one more may start
         self._counting = threading.Lock()  # `gets` and `fetched`, counted from several threads
@@ -376,19 +377,34 @@ class RangeCache:
                 key = self._holder(shard, begin, end)
                 if key is not None:
                     self._pieces.move_to_end(key)
+                    self._read.discard(key)  # to be read again
                     continue
                 for key in self._ramped(shard, begin, end):
                     self._pieces[key] = Future()
                     self._queued.append(key)
                     self._held += key[2] - key[1]
                     self._pool.submit(self._get_queued)
-            while self._held > self.kept_bytes and len(self._pieces) > 1:
-                key, dropped = self._pieces.popitem(last=False)
-                self._held -= key[2] - key[1]
-                if key in self._queued:
-                    self._queued.remove(key)
-                    self._cut.discard(key)
-                dropped.cancel()
+            if self._held > self.kept_bytes:
+                # ranges read already go first, the least recently used first: one hinted but
+                # not read yet is what the reads want next, however long ago it was hinted
+                # (dropping those before the ranges just read made a stream larger than
+                # `kept_bytes` fetch each range again, record by record)
+                read = [key for key in self._pieces if key in self._read]
+                for key in [*read, *self._pieces]:
+                    if self._held <= self.kept_bytes or len(self._pieces) <= 1:
+                        break
+                    if key in self._pieces:
+                        self._drop(key)
+
+    def _drop(self, key: tuple[int, int, int]) -> None:
+        """Forget the hinted range `key` and cancel its GET if it has not started (lock held)."""
+        dropped = self._pieces.pop(key)
+        self._held -= key[2] - key[1]
+        self._read.discard(key)
+        if key in self._queued:
+            self._queued.remove(key)
+            self._cut.discard(key)
+        dropped.cancel()
 
     def _ramped(self, shard: int, begin: int, end: int) -> list[tuple[int, int, int]]:
         """``[begin, end)`` as the ranges to queue: cut while the GETs ramp up (lock held)."""
@@ -477,8 +493,10 @@ class RangeCache:
             future = None if key is None else self._pieces[key]
             if key is not None:
                 self._pieces.move_to_end(key)
+                self._read.add(key)
             else:
                 parts = self._covering(shard, begin, end)
+                self._read.update(part for part, _ in parts)
         if key is None and parts:
             joined = self._join(parts, begin, end)
             if joined is not None:
@@ -488,8 +506,8 @@ class RangeCache:
                 piece = future.result()
             except (ReaderError, CancelledError):
                 with self._lock:  # read it alone below; the error repeats there if it lasts
-                    if self._pieces.pop(key, None) is not None:
-                        self._held -= key[2] - key[1]
+                    if key in self._pieces:
+                        self._drop(key)
             else:
                 if piece.begin <= key[1] and key[2] <= piece.end:
                     self._last = (*key, piece)
