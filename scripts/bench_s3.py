@@ -17,8 +17,11 @@ ratio the same run measures what a minimal client gets from the same server: pre
 - ``build.ceiling``: GETs of the same small objects, 16 in flight (objects/s), and the best
   ratio a download at that rate allows: (local build + objects / rate) / local build.
 
-A stream pass is timed from a stream opened beforehand (as a training job opens it once); each
-pass opens a new one, so that nothing of the previous pass is kept (``s3_open_s``: the open).
+``s3_via_s3fs`` is the same S3 stream with every ranged GET sent through s3fs and aiobotocore's
+request pipeline (``PACKER_S3_DIRECT=0``) instead of a direct GET of a presigned URL over the
+same client's HTTP session. A stream pass is timed from a stream opened beforehand (as a
+training job opens it once); each pass opens a new one, so that nothing of the previous pass is
+kept (``s3_open_s``: the open).
 CPU seconds of the server (``/proc``) and the client are given per pass, per object and per MB.
 Prints one JSON object with medians of ``--repeats`` passes (``--build-repeats`` builds).
 """
@@ -227,22 +230,30 @@ def bench_stream(
         "local": [],
         "local_crc": [],
         "s3": [],
+        "s3_via_s3fs": [],
         "ceiling": [],
     }
     opens: list[float] = []
     for epoch in range(args.repeats):
-        eprint(f"stream pass {epoch + 1}/{args.repeats}: local, local with CRC checks, S3, ceiling")
+        eprint(
+            f"stream pass {epoch + 1}/{args.repeats}: local, local with CRC checks, S3, S3 with "
+            "every GET through s3fs, ceiling"
+        )
         for name, source, crc in (
             ("local", local, False),
             ("local_crc", local, True),
             ("s3", url, False),
+            ("s3_via_s3fs", url, False),
         ):
+            # s3_via_s3fs: each range through s3fs/aiobotocore's pipeline, as before direct GETs
+            os.environ["PACKER_S3_DIRECT"] = "0" if name == "s3_via_s3fs" else "1"
             stream, opened = meter(lambda s=source, c=crc, e=epoch: open_stream(s, e, verify_crc=c))
             if name == "s3":
                 opens.append(opened["wall"])
             got, seconds = meter(lambda st=stream: sum(len(image) for image, _ in st))
             assert got == nbytes, (name, got)
             runs[name].append(seconds)
+        os.environ.pop("PACKER_S3_DIRECT")
         got, seconds = meter(lambda: minimal.get_all(jobs))
         assert got == shard_bytes
         runs["ceiling"].append(seconds)
@@ -257,9 +268,12 @@ def bench_stream(
         "MBps": {k: round(v, 1) for k, v in mbps.items()},
         "ratio": round(mbps["s3"] / mbps["local"], 2),
         "ratio_vs_local_with_crc": round(mbps["s3"] / mbps["local_crc"], 2),
+        "ratio_via_s3fs": round(mbps["s3_via_s3fs"] / mbps["local"], 2),
         "ceiling_ratio": round(mbps["ceiling"] / mbps["local"], 2),
         "target": ">= 0.7",
         "s3_client_cpu_ms_per_MB": round(med["s3"]["client_cpu"] / mb * 1e3, 2),
+        "s3_via_s3fs_client_cpu_ms_per_MB": round(med["s3_via_s3fs"]["client_cpu"] / mb * 1e3, 2),
+        "crc_accelerated": _crc_accelerated(),
         "local_cpu_ms_per_MB": round(med["local"]["client_cpu"] / mb * 1e3, 2),
         "s3_server_cpu_ms_per_MB": round(med["s3"]["server_cpu"] / mb * 1e3, 2),
         "ceiling_server_cpu_ms_per_MB": round(med["ceiling"]["server_cpu"] / mb * 1e3, 2),
@@ -267,6 +281,13 @@ def bench_stream(
         "s3_open_s": round(statistics.median(opens), 3),
         "seconds": {k: {m: round(v, 3) for m, v in d.items()} for k, d in med.items()},
     }
+
+
+def _crc_accelerated() -> bool:
+    """Whether records read by range are checked with zlib-ng's CRC-32 (else zlib's)."""
+    from readers.remote.crc import ACCELERATED
+
+    return ACCELERATED
 
 
 def _gets_per_pass(url: str) -> int:

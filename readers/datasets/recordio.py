@@ -5,7 +5,6 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from readers.formats.recordio import (
     header_at,
     read_record_at,
     unpack_image_record,
+    view_record_at,
 )
 from readers.formats.recordio.bare import (
     indexed_images,
@@ -33,6 +33,7 @@ from readers.formats.recordio.bare import (
 from readers.index import DatasetIndex
 from readers.io import handles
 from readers.io.hints import CHUNK_BYTES
+from readers.remote.crc import crc32
 
 RUNS_AHEAD = 8
 """Runs (chunks) a stream announces ahead of a ranged read: at most 8 x `REMOTE_CHUNK_BYTES`."""
@@ -210,7 +211,7 @@ class RecordIODataset(ShardedDataset):
         if problem is None and self.index is not None:
             if len(image) != int(self.index.nbytes[i]):
                 problem = f"{len(image)} image bytes, the index says {int(self.index.nbytes[i])}"
-            elif (crc := zlib.crc32(image)) != int(self.index.crc32[i]):
+            elif (crc := crc32(image)) != int(self.index.crc32[i]):
                 problem = f"CRC-32 {crc:08x}, the index says {int(self.index.crc32[i]):08x}"
         if problem is None or self._remote is None:
             return
@@ -279,7 +280,11 @@ class RecordIODataset(ShardedDataset):
 
     def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
         try:
-            payload, _ = read_record_at(*self._record(i, shard))
+            buf, at = self._record(i, shard)
+            # a remote record is a view of the immutable body received: no copy of its own
+            payload, _ = (
+                read_record_at(buf, at) if self._remote is None else view_record_at(buf, at)
+            )
             header, header_label, image = unpack_image_record(payload)
         except RecordIOError as exc:
             self._check_remote(i, shard, b"", str(exc))

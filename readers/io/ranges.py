@@ -1,14 +1,18 @@
 """Byte ranges of objects in object storage (any fsspec protocol): exact bytes or a clear error.
 
 `RemoteObjects` remembers the size and ETag each shard object had when a dataset was opened and
-reads ranges of them: a read returns exactly the bytes asked for, or raises an error that names
-the object (``s3://bucket/key``) and what to do. A lost connection and a short body are retried
-with backoff, `ATTEMPTS` times, each through the client's own retries (s3fs: 5 attempts for a
-broken body). A throttled request (HTTP 503 SlowDown) is left to the client's backoff (s3fs x
-botocore by default: 25 requests over about 45 s), then raises `RemoteReadError`; a request
-refused for expired credentials raises `RemoteCredentialsError`; an object whose size or ETag
-is no longer the one opened raises `RemoteObjectChangedError` (a `DatasetRebuiltError`, never
-skipped).
+reads ranges of them: a read returns exactly the bytes asked for (a `readers.io.pieces.Piece`:
+the body as received), or raises an error that names the object (``s3://bucket/key``) and what
+to do. On S3 a range is one GET over s3fs's own HTTP session with a URL its client presigned
+(`readers.remote.direct.DirectGets`: a quarter of the CPU of a request through aiobotocore);
+any answer but the range sends that request, and the next one of that object, through s3fs
+itself, so that errors are what s3fs and botocore make of them. A lost connection and a short
+body are retried with backoff, `ATTEMPTS` times (through s3fs, each also with its own retries:
+5 attempts for a broken body). A throttled request (HTTP 503 SlowDown) is left to the client's
+backoff (s3fs x botocore by default: 25 requests over about 45 s), then raises
+`RemoteReadError`; a request refused for expired credentials raises `RemoteCredentialsError`;
+an object whose size or ETag is no longer the one opened raises `RemoteObjectChangedError` (a
+`DatasetRebuiltError`, never skipped).
 
 `RangeCache` fetches the ranges that reads will want (hinted runs of records, neighbours merged)
 ahead of the reads on a small thread pool and keeps the latest few MB, per process, so that runs
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from readers.errors import DatasetRebuiltError, ReaderError
+from readers.io.pieces import Piece
 
 __all__ = [
     "ATTEMPTS",
@@ -118,6 +123,7 @@ class RemoteObjects:
         storage_options: fsspec options for it.
         paths: the objects' paths in that filesystem, in shard order.
         urls: their URLs, for messages.
+        fs: the filesystem to use in this process (default: made from `url` and the options).
 
     Raises:
         RemoteReadError: an object is missing or cannot be listed.
@@ -129,27 +135,45 @@ class RemoteObjects:
         storage_options: dict[str, Any] | None,
         paths: Iterable[str],
         urls: Iterable[str],
+        *,
+        fs: Any = None,
     ) -> None:
         self.source = url
         self.storage_options = storage_options
         self._fs: Any = None
+        self._direct: Any = None  # readers.remote.direct.DirectGets of `_fs`, or None
         self._pid = -1
+        if fs is not None:
+            from readers.remote.direct import DirectGets
+
+            self._fs, self._direct, self._pid = fs, DirectGets.for_fs(fs), os.getpid()
         self._urls = dict(zip(paths, urls, strict=True))
+        self._through_client: set[str] = set()  # paths whose last direct GET was refused
         self.objects = [self._stat(path) for path in self._urls]
         self.retries = 0
         """Our retries in this process (the client's own are not counted)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None, "_pid": -1, "retries": 0}
+        return {**self.__dict__, "_fs": None, "_direct": None, "_pid": -1, "retries": 0}
 
     @property
     def fs(self) -> Any:
         """The fsspec filesystem of this process."""
         if self._pid != os.getpid():
             from readers.remote import filesystem
+            from readers.remote.direct import DirectGets
 
-            self._fs, self._pid = filesystem(self.source, self.storage_options)[0], os.getpid()
+            self._fs = filesystem(self.source, self.storage_options)[0]
+            self._direct = DirectGets.for_fs(self._fs)
+            self._through_client = set()
+            self._pid = os.getpid()
         return self._fs
+
+    @property
+    def direct(self) -> Any:
+        """The `readers.remote.direct.DirectGets` of this process, or None (not plain S3)."""
+        _ = self.fs
+        return self._direct
 
     def url(self, path: str) -> str:
         """The URL of `path`, for messages."""
@@ -191,7 +215,23 @@ class RemoteObjects:
                 "reopen the dataset"
             )
 
-    def read(self, shard: int, begin: int, end: int) -> bytes:
+    def _get(self, path: str, begin: int, end: int) -> Piece:
+        """One GET of bytes ``[begin, end)`` of `path`: direct, or through the client."""
+        direct = self.direct
+        if direct is not None and direct.usable and path not in self._through_client:
+            from readers.remote.direct import DirectRefused
+
+            try:
+                return Piece(begin, direct.get(path, begin, end))
+            except DirectRefused:
+                # an error answer: this request and the next of this object go through s3fs,
+                # whose retries and errors decide (the next direct one after a success)
+                self._through_client.add(path)
+        data = self.fs.cat_file(path, start=begin, end=end)
+        self._through_client.discard(path)
+        return Piece(begin, [data])
+
+    def read(self, shard: int, begin: int, end: int) -> Piece:
         """Exactly the bytes ``[begin, end)`` of `shard`'s object.
 
         Raises:
@@ -207,7 +247,7 @@ class RemoteObjects:
                 self.retries += 1
                 time.sleep(BACKOFF_S * (1 << (attempt - 1)))
             try:
-                data = self.fs.cat_file(obj.path, start=begin, end=end)
+                piece = self._get(obj.path, begin, end)
             except PermissionError as exc:
                 raise credentials_error(obj.url, exc) from exc
             except FileNotFoundError as exc:
@@ -231,10 +271,10 @@ class RemoteObjects:
                     ) from exc
                 last = exc
                 continue
-            if len(data) == end - begin:
-                return bytes(data)
-            last = RemoteReadError(f"got {len(data)} bytes of {end - begin}")
-            self.check_unchanged(shard, f"a read of bytes {begin}..{end} got {len(data)} bytes")
+            if len(piece) == end - begin:
+                return piece
+            last = RemoteReadError(f"got {len(piece)} bytes of {end - begin}")
+            self.check_unchanged(shard, f"a read of bytes {begin}..{end} got {len(piece)} bytes")
         raise RemoteReadError(
             f"{obj.url}: bytes {begin}..{end} could not be read in {ATTEMPTS} attempts, each "
             f"with the client's own retries (the last: {last!r}); check the connection to the "
@@ -266,11 +306,13 @@ class RangeCache:
     `PIECE_BYTES` in all), so a store slower than the reads gets fewer, larger requests.
     A cold cache ramps up: its first GET asks for at most `FIRST_BYTES` and goes alone, each
     next one may be twice as large and one more may run beside it, so the first records
-    arrive after a small GET. `locate` serves a range from the hinted range that holds it (or
-    the adjacent ones that do, where a ramp cut it), waiting for those on their way, and
-    reads any other range alone (a random read stays one record). Hinted ranges stay in
-    memory up to `kept_bytes`, least recently used dropped. Pickles without its pool and
-    ranges; a forked process starts with none.
+    arrive after a small GET (what a cut would leave over, under twice the next step, goes
+    with the last part: no small GET of a remainder). `locate` serves a range from the
+    hinted range that holds it (or the adjacent ones that do, where a ramp cut it), waiting
+    for those on their way, and reads any other range alone (a random read stays one
+    record). Hinted ranges stay in memory, as the chunks received, up to `kept_bytes`: those
+    read already are dropped first (least recently used first), then the oldest hinted.
+    Pickles without its pool and ranges; a forked process starts with none.
     """
 
     def __init__(self, objects: RemoteObjects, *, kept_bytes: int = KEPT_BYTES) -> None:
@@ -279,13 +321,14 @@ class RangeCache:
         self._reset()
 
     def _reset(self) -> None:
-        # hinted range -> its bytes: (buffer, the object offset where the buffer starts)
-        self._pieces: OrderedDict[tuple[int, int, int], Future[tuple[bytes, int]]]
+        # hinted range -> the piece fetched for it (which may hold more: its merged neighbours)
+        self._pieces: OrderedDict[tuple[int, int, int], Future[Piece]]
         self._pieces = OrderedDict()
         self._queued: list[tuple[int, int, int]] = []  # hinted, no GET started yet
         self._cut: set[tuple[int, int, int]] = set()  # queued parts of a range cut to ramp up
         self._ramp = FIRST_BYTES  # the most bytes the next range queued is fetched in at once
         self._held = 0  # bytes of the hinted ranges in `_pieces`
+        self._read: set[tuple[int, int, int]] = set()  # hinted ranges read from since hinted
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)  # a GET ended: one more may start
         self._counting = threading.Lock()  # `gets` and `fetched`, counted from several threads
@@ -293,7 +336,7 @@ class RangeCache:
         self._slots = 1  # how many may be: one more after each GET ends, up to THREADS
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
-        self._last: tuple[int, int, int, bytes, int] | None = None
+        self._last: tuple[int, int, int, Piece] | None = None
         self.gets = 0
         """Range GETs this process made (ahead and alone)."""
         self.fetched = 0
@@ -311,7 +354,7 @@ class RangeCache:
         if self._pid != os.getpid():
             self._reset()
 
-    def _fetch(self, shard: int, begin: int, end: int) -> bytes:
+    def _fetch(self, shard: int, begin: int, end: int) -> Piece:
         with self._counting:
             self.gets += 1
             self.fetched += end - begin
@@ -334,24 +377,40 @@ class RangeCache:
                 key = self._holder(shard, begin, end)
                 if key is not None:
                     self._pieces.move_to_end(key)
+                    self._read.discard(key)  # to be read again
                     continue
                 for key in self._ramped(shard, begin, end):
                     self._pieces[key] = Future()
                     self._queued.append(key)
                     self._held += key[2] - key[1]
                     self._pool.submit(self._get_queued)
-            while self._held > self.kept_bytes and len(self._pieces) > 1:
-                key, dropped = self._pieces.popitem(last=False)
-                self._held -= key[2] - key[1]
-                if key in self._queued:
-                    self._queued.remove(key)
-                    self._cut.discard(key)
-                dropped.cancel()
+            if self._held > self.kept_bytes:
+                # ranges read already go first, the least recently used first: one hinted but
+                # not read yet is what the reads want next, however long ago it was hinted
+                # (dropping those before the ranges just read made a stream larger than
+                # `kept_bytes` fetch each range again, record by record)
+                read = [key for key in self._pieces if key in self._read]
+                for key in [*read, *self._pieces]:
+                    if self._held <= self.kept_bytes or len(self._pieces) <= 1:
+                        break
+                    if key in self._pieces:
+                        self._drop(key)
+
+    def _drop(self, key: tuple[int, int, int]) -> None:
+        """Forget the hinted range `key` and cancel its GET if it has not started (lock held)."""
+        dropped = self._pieces.pop(key)
+        self._held -= key[2] - key[1]
+        self._read.discard(key)
+        if key in self._queued:
+            self._queued.remove(key)
+            self._cut.discard(key)
+        dropped.cancel()
 
     def _ramped(self, shard: int, begin: int, end: int) -> list[tuple[int, int, int]]:
         """``[begin, end)`` as the ranges to queue: cut while the GETs ramp up (lock held)."""
         parts = []
-        while self._ramp < PIECE_BYTES and end - begin > self._ramp:
+        # (the last part is up to twice the ramp: no small GET of what a cut leaves over)
+        while self._ramp < PIECE_BYTES and end - begin > 2 * self._ramp:
             parts.append((shard, begin, begin + self._ramp))
             begin += self._ramp
             self._ramp *= 2
@@ -388,7 +447,7 @@ class RangeCache:
                 self._cut.discard(key)
             futures = [self._pieces.get(key) for key in group]
         try:
-            data = self._fetch(shard, lo, hi)
+            piece = self._fetch(shard, lo, hi)
         except BaseException as exc:
             for future in futures:
                 if future is not None and future.set_running_or_notify_cancel():
@@ -401,7 +460,7 @@ class RangeCache:
                 self._done.notify_all()
         for future in futures:
             if future is not None and future.set_running_or_notify_cancel():
-                future.set_result((data, lo))
+                future.set_result(piece)
 
     def read(self, shard: int, begin: int, end: int) -> bytes:
         """The bytes ``[begin, end)`` of `shard`: from hinted ranges, or one GET of their own.
@@ -410,49 +469,54 @@ class RangeCache:
             ReaderError: as `RemoteObjects.read` (a failed fetch ahead is retried here once).
         """
         data, at = self.locate(shard, begin, end)
-        return data if at == 0 and len(data) == end - begin else data[at : at + end - begin]
+        if at == 0 and len(data) == end - begin and isinstance(data, bytes):
+            return data
+        return bytes(memoryview(data)[at : at + end - begin])
 
-    def locate(self, shard: int, begin: int, end: int) -> tuple[bytes, int]:
+    def locate(self, shard: int, begin: int, end: int) -> tuple[Any, int]:
         """A buffer holding bytes ``[begin, end)`` of `shard`, and where they start in it.
 
-        A range inside a hinted range is served from the bytes fetched for it, without a
-        copy; any other is one GET of its own.
+        A range inside a hinted range is served from the chunk received that holds it, without
+        a copy (`readers.io.pieces.Piece`); any other is one GET of its own. The buffer is
+        immutable ``bytes``: views of it stay valid after the range leaves the cache.
 
         Raises:
             ReaderError: as `RemoteObjects.read` (a failed fetch ahead is retried here once).
         """
         last = self._last  # the hinted range read last: most reads of a run fall in it
         if last is not None and last[0] == shard and last[1] <= begin and end <= last[2]:
-            return last[3], begin - last[4]
+            return last[3].locate(begin, end)
         self._forked()
-        parts: list[tuple[tuple[int, int, int], Future[tuple[bytes, int]]]] = []
+        parts: list[tuple[tuple[int, int, int], Future[Piece]]] = []
         with self._lock:
             key = self._holder(shard, begin, end)
             future = None if key is None else self._pieces[key]
             if key is not None:
                 self._pieces.move_to_end(key)
+                self._read.add(key)
             else:
                 parts = self._covering(shard, begin, end)
+                self._read.update(part for part, _ in parts)
         if key is None and parts:
             joined = self._join(parts, begin, end)
             if joined is not None:
                 return joined, 0
         if key is not None and future is not None:
             try:
-                data, base = future.result()
+                piece = future.result()
             except (ReaderError, CancelledError):
                 with self._lock:  # read it alone below; the error repeats there if it lasts
-                    if self._pieces.pop(key, None) is not None:
-                        self._held -= key[2] - key[1]
+                    if key in self._pieces:
+                        self._drop(key)
             else:
-                if base <= key[1] and key[2] - base <= len(data):
-                    self._last = (*key, data, base)
-                    return data, begin - base
-        return self._fetch(shard, begin, end), 0
+                if piece.begin <= key[1] and key[2] <= piece.end:
+                    self._last = (*key, piece)
+                    return piece.locate(begin, end)
+        return self._fetch(shard, begin, end).locate(begin, end)
 
     def _covering(
         self, shard: int, begin: int, end: int
-    ) -> list[tuple[tuple[int, int, int], Future[tuple[bytes, int]]]]:
+    ) -> list[tuple[tuple[int, int, int], Future[Piece]]]:
         """Adjacent hinted ranges that together hold ``[begin, end)``, or none (lock held)."""
         keys = sorted(k for k in self._pieces if k[0] == shard and k[1] < end and k[2] > begin)
         at, chain = begin, []
@@ -465,20 +529,17 @@ class RangeCache:
         return []
 
     def _join(
-        self,
-        parts: list[tuple[tuple[int, int, int], Future[tuple[bytes, int]]]],
-        begin: int,
-        end: int,
+        self, parts: list[tuple[tuple[int, int, int], Future[Piece]]], begin: int, end: int
     ) -> bytes | None:
         """Bytes ``[begin, end)`` joined from the hinted ranges `parts`; None if one failed."""
         pieces = []
         for (_, lo, hi), future in parts:
             try:
-                data, base = future.result()
+                piece = future.result()
             except (ReaderError, CancelledError):
                 return None
-            a, b = max(begin, lo) - base, min(end, hi) - base
-            if a < 0 or b > len(data):
+            a, b = max(begin, lo), min(end, hi)
+            if a < piece.begin or b > piece.end:
                 return None
-            pieces.append(data[a:b])
+            pieces.append(piece.bytes(a, b))
         return b"".join(pieces)

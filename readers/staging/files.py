@@ -14,7 +14,7 @@ import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from readers import sizes
 from readers.errors import ReaderError
@@ -119,11 +119,19 @@ def copy_checked(
     """
     crc = 0
     size = 0
-    with origin.open(rel) as (fin, origin_mode):
+    with contextlib.ExitStack() as stack:
+        fin: IO[bytes] | None = None
+        if origin.downloads(rel):  # an S3 object: several ranged GETs in flight, checked
+            origin_mode = 0o600
+        else:
+            fin, origin_mode = stack.enter_context(origin.open(rel))
         # owner read/write while copying; the origin's bits (under the umask) once checked
         fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, origin_mode | 0o600)
         with os.fdopen(fd, "r+b") as fout:
-            while block := fin.read(BLOCK):
+            if fin is None:
+                got = origin.download(rel, fout, progress)
+                crc, size = got["crc32"], got["size"]
+            while fin is not None and (block := fin.read(BLOCK)):
                 crc = zlib.crc32(block, crc)
                 size += len(block)
                 fout.write(block)

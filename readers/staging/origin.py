@@ -60,6 +60,14 @@ class LocalOrigin:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             yield f, os.fstat(f.fileno()).st_mode & 0o666
 
+    def downloads(self, rel: str) -> bool:
+        """False: a local file is copied by reading it (`open`)."""
+        return False
+
+    def download(self, rel: str, out: IO[bytes], progress: Any = None) -> dict[str, int]:
+        """Not for a local origin (see `downloads`)."""
+        raise NotImplementedError(rel)
+
     def dir_mode(self, entry: str = "") -> int:
         """Permissions of a directory made for the origin directory `entry`.
 
@@ -134,6 +142,26 @@ class RemoteOrigin:
                     f"({exc}); stage again (a transfer error), and if it persists re-upload "
                     "the object"
                 ) from exc
+
+    def downloads(self, rel: str) -> bool:
+        """Whether `rel` is copied by `download` (S3: ranged GETs in flight), not by `open`."""
+        from readers.staging.download import supports
+
+        return supports(self.dataset.fs)
+
+    def download(self, rel: str, out: IO[bytes], progress: Any = None) -> dict[str, int]:
+        """Write the object `rel` to `out` (`readers.staging.download.download`), checked.
+
+        Returns ``{"size": ..., "crc32": ...}`` of the bytes written.
+
+        Raises:
+            StagingError: the bytes do not match the object's checksum, or could not be read.
+            RemoteCredentialsError: the store refused the requests.
+        """
+        from readers.staging.download import download
+
+        path = self.dataset.object_path(rel)
+        return download(self.dataset.fs, path, self.where(rel), out, progress)
 
     def gone(self, rel: str) -> StagingError:
         """The error for an object that meta.json names but that is no longer there."""

@@ -34,6 +34,8 @@ class FaultProxy:
         self.injected = 0
         self.requests = 0  # GETs of matching objects seen
         self.methods: collections.Counter[str] = collections.Counter()  # any matching request
+        self.in_flight = 0  # matching GETs being answered now
+        self.most_in_flight = 0  # the most at once since armed
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -51,6 +53,7 @@ class FaultProxy:
                 0,
             )
             self.methods.clear()
+            self.most_in_flight = 0
 
     def close(self) -> None:
         """Stop serving."""
@@ -79,6 +82,17 @@ class FaultProxy:
                 pass
 
             def _forward(self) -> None:
+                counted = self.command == "GET" and proxy.match in self.path
+                with proxy._lock:
+                    proxy.in_flight += counted
+                    proxy.most_in_flight = max(proxy.most_in_flight, proxy.in_flight)
+                try:
+                    self._answer()
+                finally:
+                    with proxy._lock:
+                        proxy.in_flight -= counted
+
+            def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)

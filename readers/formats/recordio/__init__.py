@@ -59,6 +59,7 @@ from readers.formats.recordio.records import (
     iter_records,
     read_record_at,
     scan_offsets,
+    view_record_at,
 )
 
 __all__ = [
@@ -103,6 +104,7 @@ __all__ = [
     "scan_offsets",
     "shared_rec",
     "unpack_image_record",
+    "view_record_at",
 ]
 
 

@@ -233,6 +233,23 @@ def read_record_at(buf: Buffer, offset: int, *, strict: bool = False) -> tuple[b
         return MAGIC_BYTES.join(view[start:end] for start, end in spans), next_offset
 
 
+def view_record_at(buf: bytes, offset: int) -> tuple[memoryview | bytes, int]:
+    """`read_record_at` without the copy: a record in one part is a ``memoryview`` of `buf`.
+
+    For a `buf` that is immutable (``bytes``) and that views may outlive, such as a ranged
+    read's body; a record in several parts is joined (a copy) as by `read_record_at`.
+
+    Raises:
+        RecordIOFormatError: as `read_record_at`.
+    """
+    view = memoryview(buf).cast("B")
+    spans, next_offset = _parse_record(view, offset, strict=False)
+    if len(spans) == 1:
+        ((start, end),) = spans
+        return view[start:end], next_offset
+    return MAGIC_BYTES.join(view[start:end] for start, end in spans), next_offset
+
+
 def iter_records(buf: Buffer, *, strict: bool = False) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, payload)`` for every record of a whole ``.rec`` buffer, in file order.
 
