@@ -9,8 +9,10 @@ are read: one that does not match is a ``crc_mismatch`` problem, never a record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zlib
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from packer.writers.batch import RecordBatch
 from readers.columnar import COMPRESSIONS
 from readers.formats import REGISTRY
 from readers.index import load_index
+from readers.io.readahead import coalesce, willneed
 
 CRC_MISMATCH = "crc_mismatch"
 """errors.jsonl reason of a record whose stored bytes differ from its index's CRC-32."""
@@ -30,6 +33,10 @@ CRC_MISMATCH = "crc_mismatch"
 BATCH_RECORDS = 8192
 BATCH_BYTES = 64 << 20
 """A batch holds at most this many records and stored bytes."""
+HINT_AHEAD = 64 << 20
+"""Bytes of the batches after the current one hinted to the OS (`PackedRecords.read_ids`)."""
+HINT_PAD = 1 << 10
+"""Bytes hinted past each record's stored bytes (a RecordIO record's header and label)."""
 
 
 def _pick(values: list[Any], lo: int, ids: np.ndarray | None) -> list[Any]:
@@ -129,8 +136,8 @@ class PackedRecords:
         if at < len(batch):
             yield batch.take(range(at, len(batch)))
 
-    def read_ids(self, ids: np.ndarray) -> Iterator[RecordBatch | Problem]:
-        """Records `ids` (ascending), a shard's run at a time, in batches of bounded size."""
+    def _plan(self, ids: np.ndarray) -> Iterator[tuple[int, int, int, np.ndarray | None]]:
+        """The batches of `ids` (ascending): ``(shard, lo, hi, ids or None when all)``."""
         bounds = self.index.shard_bounds
         contiguous = len(ids) > 0 and int(ids[-1]) - int(ids[0]) == len(ids) - 1
         start = 0
@@ -141,8 +148,51 @@ class PackedRecords:
             within = np.cumsum(self.index.nbytes[ids[start:stop]], dtype=np.int64)
             stop = start + max(1, int(np.searchsorted(within, BATCH_BYTES, side="right")))
             lo, hi = int(ids[start]), int(ids[stop - 1]) + 1
-            yield from self._read(shard, lo, hi, None if contiguous else ids[start:stop])
+            yield shard, lo, hi, None if contiguous else ids[start:stop]
             start = stop
+
+    def _hint(self, shard: int, lo: int, hi: int, ids: np.ndarray | None) -> int:
+        """Ask the OS to read a batch's bytes into the page cache now (``WILLNEED``).
+
+        Records are looked up one by one (LMDB's map is ``MADV_RANDOM``), so on cold storage
+        each would cost its own small reads: 35,000 records took 119 s on a 300 IOPS disk
+        where ``cp`` took 1.5 s. Hinted ahead, they arrive in large sequential reads
+        while the batches before are written. A hint only: where offsets are unknown, or the
+        file cannot be opened, records are read as before. Returns the batch's stored bytes.
+        """
+        chosen = np.arange(lo, hi) if ids is None else ids
+        nbytes = self.index.nbytes[chosen].astype(np.int64)
+        begin = self.offsets[chosen]
+        if len(begin) == 0 or int(begin.min()) < 0:
+            return int(nbytes.sum())
+        path = self.fmt.data_file(self.paths[shard])
+        with contextlib.suppress(OSError):
+            for b, e in coalesce(begin, begin + nbytes + HINT_PAD):
+                willneed(path, b, e)
+        return int(nbytes.sum())
+
+    def read_ids(self, ids: np.ndarray) -> Iterator[RecordBatch | Problem]:
+        """Records `ids` (ascending), a shard's run at a time, in batches of bounded size.
+
+        The bytes of the batches after the one being handled, up to `HINT_AHEAD` of them, are
+        hinted to the OS meanwhile.
+        """
+        plan = self._plan(ids)
+        ahead: deque[tuple[tuple[int, int, int, np.ndarray | None], int]] = deque()
+        hinted = 0
+        while True:
+            while hinted < HINT_AHEAD or not ahead:
+                following = next(plan, None)
+                if following is None:
+                    break
+                size = self._hint(*following)
+                ahead.append((following, size))
+                hinted += size
+            if not ahead:
+                return
+            current, size = ahead.popleft()
+            yield from self._read(*current)
+            hinted -= size
 
     def read_batches(self, start: int, stop: int) -> Iterator[RecordBatch | Problem]:
         """Records ``start..stop-1`` in batches (and problems)."""
