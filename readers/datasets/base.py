@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-import zlib
+from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +33,7 @@ from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
 from readers.remote import default_cache_dir, is_url
+from readers.remote.crc import crc32
 from readers.staging import stage
 from readers.transforms import PlannedImage, is_planner, run_transform
 
@@ -169,6 +170,8 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
     format: ClassVar[str]
     reads_ranges: ClassVar[bool] = False
     """Whether a URL without ``cache_dir`` is read in place by byte range (`_open_remote`)."""
+    _bounds_list: tuple[np.ndarray, list[int]]
+    """``shard_bounds`` and the same as a list (`_locate`), made on first use."""
 
     def __init__(
         self,
@@ -316,7 +319,7 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         finding the source path reads the index file.
         """
         if self.verify_crc and self.index is not None:
-            crc = zlib.crc32(data)
+            crc = crc32(data)
             if crc != int(self.index.crc32[i]):
                 raise RecordError(
                     f"{where()}: CRC-32 {crc:08x} does not match the index "
@@ -374,7 +377,12 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range for a dataset of {n}")
-        return i, int(np.searchsorted(self.shard_bounds, i, side="right")) - 1
+        # bisect on a list of the bounds, not np.searchsorted: a tenth of the time, and numpy
+        # releases the GIL for it, which lets a reader thread (ranged GETs) cut in on every read
+        cached = self.__dict__.get("_bounds_list")
+        if cached is None or cached[0] is not self.shard_bounds:
+            cached = self._bounds_list = (self.shard_bounds, self.shard_bounds.tolist())
+        return i, bisect_right(cached[1], i) - 1
 
     # --- reading ---------------------------------------------------------------------------
 
