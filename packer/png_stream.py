@@ -11,7 +11,7 @@ would ignore or refuse, APNG chunks, an image above OpenCV's size limits, ...) g
 the caller decodes the file with OpenCV, whose verdict then stands: libpng refuses some of
 those and warns about others, and which is which is its business, not re-implemented here.
 
-Inflating is most of the cost (zlib-ng where installed: `packer.fastzlib`); the filter bytes
+Inflating is most of the cost (zlib-ng where installed: `readers.fastzlib`); the filter bytes
 are checked with one strided slice per Adam7 pass. On 64x64 icons this is about twice as fast
 as ``cv2.imdecode``; on 96x96 images of noise (which barely compress), about 2x with zlib-ng.
 """
@@ -22,8 +22,8 @@ import functools
 import os
 import struct
 
-from packer import fastzlib
 from packer.probe import PNG_CHANNELS, PNG_TRNS_CHANNELS
+from readers import fastzlib
 
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _U32 = struct.Struct(">I")

@@ -40,7 +40,6 @@ from typing import Any
 
 from packer import problems as P
 from packer.decode_check import Checked, Decoded, check_source, decode_source
-from packer.fastzlib import crc32
 from packer.job import ShardSettings
 from packer.probe import exif_orientation, image_size, is_truncated, probe_header
 from packer.problems import Note, Problem
@@ -49,6 +48,7 @@ from packer.ring import ByteRing, worker_ring
 from packer.source import open_source, read_all, read_source
 from packer.transform import Transform, apply_orientation, apply_transform
 from packer.writers.part import IndexRow, make_index_row
+from readers.fastzlib import crc32
 from readers.formats.images import SNIFF_BYTES, sniff_format
 
 # The format each image extension names; a file whose content is another format gets a note.

@@ -285,7 +285,7 @@ def bench_stream(
 
 def _crc_accelerated() -> bool:
     """Whether records read by range are checked with zlib-ng's CRC-32 (else zlib's)."""
-    from readers.remote.crc import ACCELERATED
+    from readers.fastzlib import ACCELERATED
 
     return ACCELERATED
 

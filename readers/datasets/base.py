@@ -24,6 +24,7 @@ import paddle
 from readers.decode import check_mode, decode_sample, decompress
 from readers.draft import Draft, DraftSizes, check_draft, returned_size
 from readers.errors import DatasetFormatError, DatasetRebuiltError, RecordError
+from readers.fastzlib import crc32
 from readers.files import check_shard_files
 from readers.formats import REGISTRY
 from readers.formats.base import ShardFormat
@@ -33,7 +34,6 @@ from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
 from readers.remote import default_cache_dir, is_url
-from readers.remote.crc import crc32
 from readers.staging import stage
 from readers.transforms import PlannedImage, is_planner, run_transform
 

@@ -13,6 +13,7 @@ import numpy as np
 from readers.datasets.base import ShardedDataset
 from readers.datasets.remote import RemoteShards, record_ends, run_pieces
 from readers.errors import DatasetFormatError, RecordError
+from readers.fastzlib import crc32
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.formats.recordio import (
     FORMAT,
@@ -33,7 +34,6 @@ from readers.formats.recordio.bare import (
 from readers.index import DatasetIndex
 from readers.io import handles
 from readers.io.hints import CHUNK_BYTES
-from readers.remote.crc import crc32
 
 RUNS_AHEAD = 8
 """Runs (chunks) a stream announces ahead of a ranged read: at most 8 x `REMOTE_CHUNK_BYTES`."""

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
 from readers.errors import ReaderError
+from readers.fastzlib import crc32
 from readers.io.ranges import (
     PIECE_BYTES,
     RemoteCredentialsError,
@@ -29,7 +30,6 @@ from readers.io.ranges import (
     RemoteReadError,
     credentials_error,
 )
-from readers.remote.crc import crc32
 from readers.staging.files import Progress, StagingError
 
 __all__ = ["SHA_METADATA", "THREADS", "download", "supports"]

@@ -3,7 +3,7 @@
 Ranges are sent as GETs of URLs presigned by s3fs's own client over its own HTTP session
 (`readers.remote.direct`); any other answer than the range makes that request through s3fs.
 Bodies are kept as the chunks received (`readers.io.pieces.Piece`), records are views of them
-(`view_record_at`), checked with zlib's CRC-32 (`readers.remote.crc`). The server is moto on
+(`view_record_at`), checked with zlib's CRC-32 (`readers.fastzlib`). The server is moto on
 loopback, with the fault proxy in front where the requests are counted.
 """
 
@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
+from readers import fastzlib as crc
 from readers.formats.recordio.images import unpack_image_record
 from readers.formats.recordio.records import encode_record, read_record_at, view_record_at
 from readers.io import ranges
 from readers.io.pieces import Piece
-from readers.remote import crc, direct
+from readers.remote import direct
 from tests.conftest import build_packed, write_tree
 from tests.s3.fault_proxy import FaultProxy, s3_options
 from tests.s3.test_s3_ranges import local_items, open_remote, publish
