@@ -57,7 +57,7 @@ def _all_orders(mp: pytest.MonkeyPatch) -> dict[str, dict[str, list[int]]]:
 
 
 @pytest.mark.parametrize("name", sorted(elastic.KINDS))
-def test_every_order_and_state_is_the_golden_one(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_order_and_state_is_golden(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     golden = json.loads(GOLDEN.read_text())
     assert name in golden, f"{name} has no golden orders; regenerate {GOLDEN.name}"
     now = _orders(name, monkeypatch)
