@@ -30,6 +30,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -118,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=10_000_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
+    benchlib.add_output_arguments(parser, "bench_buckets")
     args = parser.parse_args()
     cases = [
         ("width", 8, 8, False),
@@ -159,9 +162,7 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_buckets.md").write_text(text + "\n")
+    benchlib.save_results(args, "bench_buckets", text + "\n")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ import cv2
 import lmdb
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -110,7 +113,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--shard-size", default="32MiB", help="for the several-shards cases")
-    parser.add_argument("--out", type=Path, default=None)
+    benchlib.add_output_arguments(parser, "bench_build")
     args = parser.parse_args()
     import compileall
 
@@ -225,9 +228,7 @@ def main() -> None:
             lines.append(f"| {fmt.upper()} | {full:.0f} | {cheap:.0f} | {full / cheap:.2f}x |")
         text = "\n".join(lines)
         print(text)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_build.md").write_text(text + "\n")
+        benchlib.save_results(args, "bench_build", text + "\n")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tmp", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    benchlib.add_output_arguments(parser, "bench_convert")
     parser.add_argument("--cold", action="store_true", help="evict IN before each timed copy")
     parser.add_argument("--slow-disk", action="store_true", help="--cold on an emulated HDD")
     args = parser.parse_args()
@@ -173,9 +173,7 @@ def main() -> None:
             f"{(c - t) / q:.2f}x cp -r + sync"
         )
         print(text)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_convert.md").write_text(f"### Convert speed\n\n{text}\n")
+        benchlib.save_results(args, "bench_convert", f"### Convert speed\n\n{text}\n")
     finally:
         if throttle is not None:
             throttle.remove()

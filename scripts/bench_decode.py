@@ -128,7 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--limit", type=int, default=None, help="icons to use (default: all)")
-    parser.add_argument("--out", type=Path, default=None)
+    benchlib.add_output_arguments(parser, "bench_decode")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     base = Path(tempfile.mkdtemp(prefix="packer-decode-", dir=os.environ.get("BENCH_TMP")))
@@ -178,9 +178,7 @@ def main() -> None:
         ]
         text = "\n".join(lines)
         print(text)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_decode.md").write_text(text + "\n")
+        benchlib.save_results(args, "bench_decode", text + "\n")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

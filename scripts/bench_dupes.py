@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import benchlib
+
 from packer.dupes import confirm_candidates, exact_candidates
 from packer.nearhash import HASHES, MAX_THRESHOLD, group_near
 
@@ -211,7 +213,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=10_000)
     parser.add_argument("--decoys", type=int, default=1_000)
     parser.add_argument("--icons", type=int, default=600)
-    parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    benchlib.add_output_arguments(parser, "bench_dupes")
     args = parser.parse_args()
     lines = [
         f"### packer dupes: exact pass on {args.rows:,} index rows",
@@ -226,9 +228,7 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_dupes.md").write_text(text + "\n")
+    benchlib.save_results(args, "bench_dupes", text + "\n")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -165,7 +168,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=10_000_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="write a markdown table here")
+    benchlib.add_output_arguments(parser, "bench_index")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp) / "synthetic.lmdb"
@@ -193,9 +196,7 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_index.md").write_text(text + "\n")
+    benchlib.save_results(args, "bench_index", text + "\n")
 
 
 if __name__ == "__main__":

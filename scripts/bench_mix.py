@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--images", type=int, default=4000, help="at most this many icons")
     parser.add_argument("--no-slow-disk", action="store_true")
+    benchlib.add_output_arguments(parser, "bench_mix")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -178,14 +179,15 @@ def main() -> None:
         finally:
             if throttle is not None:
                 throttle.remove()
-    print(
+    text = (
         f"### Mixture read speed: {what}, batch {BATCH}, num_workers={args.workers}, median of "
         f"{args.runs} runs; {os.cpu_count()} CPUs, {time.perf_counter() - started:.0f} s in all"
+        f"\n\n{table(rows, storage)}\n"
     )
-    print()
-    print(table(rows, storage))
     if throttle is not None and not slow:
-        print(f"\nEmulated hard disk skipped: {throttle.why}.")
+        text += f"\nEmulated hard disk skipped: {throttle.why}.\n"
+    print(text)
+    benchlib.save_results(args, "bench_mix", text)
 
 
 if __name__ == "__main__":

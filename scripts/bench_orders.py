@@ -30,6 +30,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -206,7 +209,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--bps", type=int, default=100 << 20)
     parser.add_argument("--iops", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=None)
+    benchlib.add_output_arguments(parser, "bench_orders")
     parser.add_argument(
         "--sweep",
         action="store_true",
@@ -261,9 +264,7 @@ def main() -> None:
             sections.append(sweep(paths["lmdb"], args.seconds, args.runs, storages[-1]))
         text = "\n\n".join(sections)
         print(text)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_orders.md").write_text(text + "\n")
+        benchlib.save_results(args, "bench_orders", text + "\n")
     finally:
         if group is not None:
             group.rmdir()

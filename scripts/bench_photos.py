@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PHOTOS = Path("/usr/share/backgrounds/mate")
@@ -184,7 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--crops", type=int, default=4, help="boxes cut from each photo")
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=None, help="write DIR/bench_photos.md")
+    benchlib.add_output_arguments(parser, "bench_photos")
     args = parser.parse_args()
 
     from paddle.vision.transforms import CenterCrop, Compose, RandomResizedCrop, Resize
@@ -298,9 +301,7 @@ def main() -> None:
         ]
         text = "\n".join(lines) + "\n"
         print(text)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_photos.md").write_text(text)
+        benchlib.save_results(args, "bench_photos", text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -24,6 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -50,7 +53,7 @@ def main() -> None:
     parser.add_argument(
         "--shards", default="8,80", help="shard counts for the in-process comparison"
     )
-    parser.add_argument("--out", type=Path, default=None)
+    benchlib.add_output_arguments(parser, "bench_ray")
     args = parser.parse_args()
     import ray
     from make_demo_data import CLASSES, write_demo
@@ -164,9 +167,7 @@ def main() -> None:
         ]
         text = "\n".join(lines)
         print(text)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_ray.md").write_text(text + "\n")
+        benchlib.save_results(args, "bench_ray", text + "\n")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=None, help="at most this many icons")
     parser.add_argument("--no-slow-disk", action="store_true")
     coldwarm.add_arguments(parser)
-    parser.add_argument("--out", type=Path, default=None, help="write bench_read.md here")
+    benchlib.add_output_arguments(parser, "bench_read")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -302,9 +302,9 @@ def main() -> None:
     if throttle is not None and throttle.group is None:
         text += f"\n\nEmulated hard disk skipped: {throttle.why}."
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_read.md").write_text(text + "\n")
+    benchlib.save_results(
+        args, "bench_read_coldwarm" if args.cold_vs_warm else "bench_read", text + "\n"
+    )
 
 
 if __name__ == "__main__":

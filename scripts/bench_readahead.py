@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--fast", action="store_true", help="also this machine's disk as it is")
     parser.add_argument("--data", type=Path, help="a directory of packed datasets data.<fmt>")
-    parser.add_argument("--out", type=Path)
+    benchlib.add_output_arguments(parser, "bench_readahead")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -245,9 +245,7 @@ def main() -> None:
             throttle.remove()
     text = "\n\n".join(sections)
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_readahead.md").write_text(text + "\n")
+    benchlib.save_results(args, "bench_readahead", text + "\n")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import benchlib
 
 
 def eprint(*args: object) -> None:
@@ -366,6 +369,7 @@ def main() -> None:
     parser.add_argument("--build-repeats", type=int, default=1)
     parser.add_argument("--s3rver", default=None, help="path of the s3rver executable (npm)")
     parser.add_argument("--skip-build", action="store_true")
+    benchlib.add_output_arguments(parser, "bench_s3")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp_name:
         tmp = Path(tmp_name)
@@ -394,6 +398,32 @@ def main() -> None:
             proc.wait(10)
         result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
+    benchlib.save_results(args, "bench_s3", s3_table(result))
+
+
+def s3_table(result: dict[str, Any]) -> str:
+    """The stream and build comparisons as a markdown table (medians)."""
+    rows = [
+        "| case | ours | local | ratio | a minimal client's ceiling |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    stream = result.get("stream")
+    if stream:
+        mbps = stream["MBps"]
+        rows.append(
+            f"| `ShardStream` pass, {stream['shard_bytes'] / 1e6:.1f} MB of RecordIO "
+            f"| {mbps['s3']} MB/s | {mbps['local']} MB/s ({mbps['local_crc']} with CRC checks) "
+            f"| {stream['ratio']}x ({stream['ratio_vs_local_with_crc']}x vs CRC-checked) "
+            f"| {stream['ceiling_ratio']}x local |"
+        )
+    build = result.get("build")
+    if build:
+        rows.append(
+            f"| build with an `s3://` SRC of {build['objects']} objects "
+            f"| {build['s3_src_s']} s | {build['local_s']} s | {build['ratio']}x "
+            f"| {build['ceiling_ratio']}x local |"
+        )
+    return f"Server: {result['endpoint']}, {result['repeats']} repeats.\n\n" + "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -196,3 +196,28 @@ def ratio(x: float | None, *, pct: bool = False, digits: int = 0) -> str:
     if x is None:
         return ""
     return f"{x:.{digits}%}" if pct else f"{x:.2f}x"
+
+
+# --------------------------------------------------------------------------- results
+
+
+def add_output_arguments(parser: Any, name: str) -> None:
+    """``--out DIR`` (write DIR/NAME.md) and ``--docs PAGE`` (replace NAME's section there)."""
+    parser.add_argument("--out", type=Path, default=None, help=f"write {name}.md into this folder")
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=None,
+        help=f"replace the {name} section of this page (make bench: docs/benchmarks.md)",
+    )
+
+
+def save_results(args: Any, name: str, text: str) -> None:
+    """Write `text` where ``--out`` and ``--docs`` say (see `add_output_arguments`)."""
+    import benchdocs
+
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{name}.md").write_text(text.rstrip() + "\n")
+    if args.docs is not None:
+        benchdocs.publish(args.docs, name, text)
