@@ -55,13 +55,13 @@ class NonFiniteLabelError(ValueError):
 
 
 def _reject_constant(name: str) -> Any:
-    raise NonFiniteLabelError(f"{name} is not a JSON number ({NOT_FINITE})")
+    raise NonFiniteLabelError(f"{name} is not a JSON number")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise NonFiniteLabelError(f"{text} is out of range for a number ({NOT_FINITE})")
+        raise NonFiniteLabelError(f"{text} is out of range for a number")
     return value
 
 

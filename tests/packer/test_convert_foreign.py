@@ -135,3 +135,100 @@ def test_lmdb_num_samples_beyond_its_entries_fails_at_once(tmp_path: Path) -> No
         result.output
     )
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------ item 8: InsightFace header's range
+
+
+def _write_rec(prefix: Path, records: list[tuple[int, int, Any, bytes]]) -> None:
+    """A .rec/.idx pair from (key, flag, label or labels, image) by the dmlc/MXNet spec."""
+    rec, idx = bytearray(), []
+    for key, flag, label, image in records:
+        idx.append((key, len(rec)))
+        if flag:
+            head = struct.pack("<IfQQ", flag, 0.0, key, 0) + struct.pack(f"<{flag}f", *label)
+        else:
+            head = struct.pack("<IfQQ", 0, label, key, 0)
+        rec += _record(head + image)
+    prefix.with_suffix(".rec").write_bytes(bytes(rec))
+    prefix.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in idx))
+
+
+def test_images_outside_the_insightface_header_range_are_converted(tmp_path: Path) -> None:
+    images = _images(6, seed=3)
+    # the meta record names images 1..3 (label[0] = 4) and identities up to key 5; keys 4 and
+    # 5 are identity records, keys 6..8 images beyond the range, key 9 a record with nothing
+    records = [(0, 2, [4.0, 6.0], b"")]
+    records += [(k, 0, float(k % 2), images[k - 1]) for k in (1, 2, 3)]
+    records += [(4, 2, [1.0, 3.0], b""), (5, 2, [3.0, 4.0], b"")]
+    records += [(k, 0, float(k), images[k - 3]) for k in (6, 7, 8)]
+    records += [(9, 0, 1.0, b"")]
+    _write_rec(tmp_path / "train", records)
+    out = tmp_path / "out"
+    summary = convert(ConvertConfig(tmp_path / "train.rec", out))
+    got = _read_out(out)
+    assert [g[2] for g in got] == [f"train.rec:{k}" for k in (1, 2, 3, 6, 7, 8)]
+    assert [g[0] for g in got] == images[:3] + images[3:6]
+    assert [g[1] for g in got] == [1, 0, 1, 6, 7, 8]
+    assert summary.packed == 6
+    assert [(e["path"], e["reason"]) for e in _errors(out)] == [("train.rec:9", "empty")]
+    assert verify(out, deep=True) == []
+
+
+def test_rec_round_trip_with_insightface_header_unchanged(tmp_path: Path) -> None:
+    images = _images(3, seed=1)
+    write_mxnet_rec(tmp_path / "train", images, [3.0, 1.0, 4.0], insightface=True)
+    out = tmp_path / "out"
+    convert(ConvertConfig(tmp_path / "train.rec", out))
+    assert [g[1] for g in _read_out(out)] == [3, 1, 4]  # the identity record is metadata
+    assert _errors(out) == []
+
+
+# ------------------------------------------------------------- item 11: NaN and Infinity
+
+
+def test_rec_nan_and_infinite_header_labels_are_bad_label(tmp_path: Path) -> None:
+    images = _images(5, seed=4)
+    labels: list[Any] = [1.0, float("nan"), 2.0, float("inf"), [1.0, float("-inf")]]
+    records = [
+        (k, 2 if isinstance(lab, list) else 0, lab, images[k]) for k, lab in enumerate(labels)
+    ]
+    _write_rec(tmp_path / "train", records)
+    out = tmp_path / "out"
+    convert(ConvertConfig(tmp_path / "train.rec", out, format="recordio"))
+    assert [row["label"] for row in _index(out)] == [1.0, 2.0]
+    errors = _errors(out)
+    assert [(e["path"], e["reason"]) for e in errors] == [
+        ("train.rec:1", "bad_label"),
+        ("train.rec:3", "bad_label"),
+        ("train.rec:4", "bad_label"),
+    ]
+    assert all("not a finite number" in e["message"] for e in errors)
+
+
+def test_build_refuses_a_nan_sidecar_label_as_bad_label(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, data in enumerate(_images(3, seed=5)):
+        (src / f"a{i}.png").write_bytes(data)
+    (src / "a0.json").write_text('{"score": 0.5}')
+    (src / "a1.json").write_text('{"score": NaN}')
+    (src / "a2.json").write_text("[1, Infinity]")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["build", str(src), str(out), "--labels", "sidecar"])
+    assert result.exit_code == 0, result.output
+    assert [row["label"] for row in _index(out)] == [{"score": 0.5}]
+    errors = _errors(out)
+    assert [(e["path"], e["reason"]) for e in errors] == [
+        ("a1.png", "bad_label"),
+        ("a2.png", "bad_label"),
+    ]
+    assert all("not a finite number" in e["message"] for e in errors)
+
+
+def test_index_rows_never_hold_nan() -> None:
+    from packer.writers.part import label_text
+
+    assert label_text([1.5, 2.0])[0] == "[1.5,2.0]"
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        label_text({"x": float("nan")})
