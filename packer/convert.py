@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from packer.build import BuildSummary
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, InputError, PackerError
 from packer.labels.common import nonfinite_label
 from packer.packed import PackedRecords
 from packer.problems import BAD_LABEL, UNREADABLE, Problem
@@ -182,6 +182,10 @@ def convert(cfg: ConvertConfig, *, log: Callable[[str], None] | None = None) -> 
     }
     if cfg.to != "packer":
         from packer.export import export
+
+        if found.source.problems and cfg.on_error == "fail":  # as repack does
+            first = found.source.problems[0]
+            raise InputError(first.path, first.reason, first.message)
 
         return export(cfg, found.source, log=log)
     repack_cfg = RepackConfig(

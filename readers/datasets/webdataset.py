@@ -35,7 +35,7 @@ class WebDatasetDataset(ShardedDataset):
         tars = FORMAT.find_bare(self.root)
         if tars is None:
             raise DatasetFormatError(f"{self.root}: holds no {TAR_SUFFIX} shards")
-        samples = [s for s in scan_tars(tars) if not s.problem]
+        samples = [s for s in scan_tars(tars).samples if not s.problem]
         if not samples:
             raise DatasetFormatError(f"{self.root}: no sample of its tars has an image member")
         self.samples = samples
@@ -47,8 +47,9 @@ class WebDatasetDataset(ShardedDataset):
         return handles.shared_mmap(path)
 
     def _byte_range(self, shard: int, lo: int, hi: int) -> tuple[str, int, int] | None:
-        first, last = self.samples[lo], self.samples[hi - 1]
-        return self._shard_paths[shard], first.offset, last.offset + last.size
+        chunk = self.samples[lo:hi]  # a link's bytes may lie before its neighbours'
+        begin = min(s.offset for s in chunk)
+        return self._shard_paths[shard], begin, max(s.offset + s.size for s in chunk)
 
     def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
         s = self.samples[i]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -232,3 +233,151 @@ def test_index_rows_never_hold_nan() -> None:
     assert label_text([1.5, 2.0])[0] == "[1.5,2.0]"
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
         label_text({"x": float("nan")})
+
+
+# --------------------------------------------------------------- item 7: WebDataset tars
+
+
+def _tar(path: Path, members: list[tuple[str, Any]]) -> dict[str, tarfile.TarInfo]:
+    """A tar by Python's tarfile: (name, bytes) regular members, (name, ("sym"|"hard", target))
+    links; returns the members' headers by name (their offsets)."""
+    with tarfile.open(path, "w") as tar:
+        for name, value in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(value, tuple):
+                info.type = tarfile.SYMTYPE if value[0] == "sym" else tarfile.LNKTYPE
+                info.linkname = value[1]
+                tar.addfile(info)
+            else:
+                info.size = len(value)
+                tar.addfile(info, io.BytesIO(value))
+    with tarfile.open(path) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def _labelled(images: list[bytes], first: int = 0) -> list[tuple[str, Any]]:
+    members: list[tuple[str, Any]] = []
+    for i, data in enumerate(images, start=first):
+        members += [(f"s{i:03d}.png", data), (f"s{i:03d}.cls", str(i).encode())]
+    return members
+
+
+def _pngs(n: int, seed: int = 7) -> list[bytes]:
+    from tests.conftest import encode, make_image
+
+    rng = np.random.default_rng(seed)
+    return [encode(make_image(rng, 8 + i, 6), ".png") for i in range(n)]
+
+
+def test_damaged_tar_header_mid_shard_keeps_the_rest_and_reports(tmp_path: Path) -> None:
+    images = _pngs(5)
+    (tmp_path / "wds").mkdir()
+    tar = tmp_path / "wds" / "a.tar"
+    headers = _tar(tar, _labelled(images))
+    data = bytearray(tar.read_bytes())
+    at = headers["s001.png"].offset  # its header block: name and checksum made garbage
+    data[at : at + 100] = b"\xa5" * 100
+    tar.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["convert", str(tmp_path / "wds"), str(out)])
+    assert result.exit_code == 0, result.output
+    got = _read_out(out)
+    assert [g[2] for g in got] == [
+        "a.tar/s000.png",
+        "a.tar/s002.png",
+        "a.tar/s003.png",
+        "a.tar/s004.png",
+    ]
+    assert [g[0] for g in got] == [images[0], *images[2:]]
+    assert [g[1] for g in got] == [0, 2, 3, 4]
+    errors = {(e["path"], e["reason"]): e["message"] for e in _errors(out)}
+    assert set(errors) == {("a.tar", "damaged"), ("a.tar/s001", "not_image")}
+    assert f"bytes {at}..{headers['s001.cls'].offset}" in errors["a.tar", "damaged"]
+    assert "skipped 2" in result.output
+    result = runner.invoke(
+        app, ["convert", str(tmp_path / "wds"), str(tmp_path / "o2"), "--on-error", "fail"]
+    )
+    assert result.exit_code == 2
+    assert "a.tar" in result.output and "damaged" in result.output
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("cut", ["mid_member", "at_boundary"])
+def test_tar_that_ends_early_is_truncated(tmp_path: Path, cut: str) -> None:
+    images = _pngs(3)
+    (tmp_path / "wds").mkdir()
+    tar = tmp_path / "wds" / "a.tar"
+    headers = _tar(tar, _labelled(images))
+    end = headers["s002.png"].offset_data + (100 if cut == "mid_member" else 0)
+    tar.write_bytes(tar.read_bytes()[:end])
+    out = tmp_path / "out"
+    convert(ConvertConfig(tmp_path / "wds", out))
+    assert [g[1] for g in _read_out(out)] == [0, 1]
+    reasons = sorted((e["path"], e["reason"]) for e in _errors(out))
+    assert ("a.tar", "truncated") in reasons
+    assert ("a.tar/s002.png", "truncated") in reasons
+
+
+def test_tar_cut_at_a_member_boundary_without_end_blocks(tmp_path: Path) -> None:
+    images = _pngs(2)
+    (tmp_path / "wds").mkdir()
+    tar = tmp_path / "wds" / "a.tar"
+    headers = _tar(tar, _labelled(images))
+    tar.write_bytes(tar.read_bytes()[: headers["s001.png"].offset])
+    out = tmp_path / "out"
+    convert(ConvertConfig(tmp_path / "wds", out))
+    assert [g[1] for g in _read_out(out)] == [0]
+    [error] = _errors(out)
+    assert (error["path"], error["reason"]) == ("a.tar", "truncated")
+    assert "without the two zero blocks" in error["message"]
+
+
+def test_tar_members_links_extras_and_missing_labels(tmp_path: Path) -> None:
+    images = _pngs(6)
+    (tmp_path / "wds").mkdir()
+    members: list[tuple[str, Any]] = [
+        ("s000.png", images[0]), ("s000.cls", b"0"),
+        ("s001.png", images[1]), ("s001.jpg", images[2]), ("s001.cls", b"1"),
+        ("s001.txt", b"caption"),
+        ("s002.png", ("sym", "s000.png")), ("s002.cls", b"2"),
+        ("d/s003.png", ("hard", "s001.png")), ("d/s003.cls", b"3"),
+        ("s004.png", ("sym", "nowhere.png")), ("s004.cls", b"4"),
+        ("s005.png", ("sym", "../../etc/passwd")), ("s005.cls", b"5"),
+        ("s006.png", images[3]),
+        ("s007.png", images[4]), ("s007.json", b'{"box": [1, NaN]}'),
+        ("s008.png", images[5]), ("s008.json", b'{"box": [1, 2]}'),
+    ]  # fmt: skip
+    _tar(tmp_path / "wds" / "a.tar", members)
+    out = tmp_path / "out"
+    convert(ConvertConfig(tmp_path / "wds", out))
+    got = _read_out(out)
+    assert [(g[2], g[1]) for g in got] == [
+        ("a.tar/s000.png", 0),
+        ("a.tar/s001.png", 1),
+        ("a.tar/s002.png", 2),
+        ("a.tar/d/s003.png", 3),
+        ("a.tar/s008.png", {"box": [1, 2]}),
+    ]
+    assert [g[0] for g in got] == [images[0], images[1], images[0], images[1], images[5]]
+    errors = sorted((e["path"], e["reason"]) for e in _errors(out))
+    assert errors == [
+        ("a.tar/s001.jpg", "extra_member"),
+        ("a.tar/s001.txt", "extra_member"),
+        ("a.tar/s004", "not_image"),
+        ("a.tar/s004.png", "broken_link"),
+        ("a.tar/s005", "not_image"),
+        ("a.tar/s005.png", "outside_src"),
+        ("a.tar/s006.png", "no_label"),
+        ("a.tar/s007.png", "bad_label"),
+    ]
+    assert verify(out, deep=True) == []
+
+
+def test_tars_without_any_label_convert_with_null_labels(tmp_path: Path) -> None:
+    images = _pngs(2)
+    (tmp_path / "wds").mkdir()
+    _tar(tmp_path / "wds" / "a.tar", [("a.png", images[0]), ("b.png", images[1])])
+    out = tmp_path / "out"
+    convert(ConvertConfig(tmp_path / "wds", out))
+    assert [g[1] for g in _read_out(out)] == [None, None]
+    assert _errors(out) == []
