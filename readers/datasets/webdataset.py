@@ -15,8 +15,9 @@ from readers.io import handles
 class WebDatasetDataset(ShardedDataset):
     """WebDataset tar shards: ``ds[i] -> (image, label)`` over the samples with an image member.
 
-    The tars are scanned once at opening (member headers only); samples without an image
-    member are left out (``packer convert`` lists them in errors.jsonl). Labels are the
+    The tars are scanned once at opening (member headers only), past damaged headers;
+    samples without a usable image member are left out (``packer convert`` lists them, and
+    every other member it does not pack, in errors.jsonl). Labels are the
     ``cls`` (int), ``txt`` (text) or ``json`` member. Image bytes are read from a shared
     read-only mapping of each tar.
 

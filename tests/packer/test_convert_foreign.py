@@ -106,7 +106,11 @@ def test_lmdb_bad_label_with_on_error_fail_exits_2(tmp_path: Path) -> None:
         app, ["convert", str(tmp_path / "st"), str(tmp_path / "out"), "--on-error", "fail"]
     )
     assert result.exit_code == 2
-    assert "bad_label" in result.output or "not UTF-8" in result.output
+    assert (
+        "packer: error: image-000000002: label-000000002 is not UTF-8 text (invalid start byte "
+        "at byte 0): b'\\xff\\xfe'; re-encode the labels as UTF-8"
+    ) in result.output
+    assert "[bad_label]" in result.output
     assert not (tmp_path / "out").exists()
 
 
@@ -298,7 +302,10 @@ def test_damaged_tar_header_mid_shard_keeps_the_rest_and_reports(tmp_path: Path)
         app, ["convert", str(tmp_path / "wds"), str(tmp_path / "o2"), "--on-error", "fail"]
     )
     assert result.exit_code == 2
-    assert "a.tar" in result.output and "damaged" in result.output
+    assert "packer: error: a.tar: bytes 2048..3072 (1024 bytes) are not tar headers" in (
+        result.output
+    )
+    assert "[damaged]" in result.output
     assert not (tmp_path / "o2").exists()
 
 
@@ -381,3 +388,17 @@ def test_tars_without_any_label_convert_with_null_labels(tmp_path: Path) -> None
     convert(ConvertConfig(tmp_path / "wds", out))
     assert [g[1] for g in _read_out(out)] == [None, None]
     assert _errors(out) == []
+
+
+def test_open_dataset_reads_the_members_after_a_damaged_header(tmp_path: Path) -> None:
+    from readers.datasets import open_dataset
+
+    images = _pngs(4)
+    (tmp_path / "wds").mkdir()
+    tar = tmp_path / "wds" / "a.tar"
+    headers = _tar(tar, [(f"s{i}.png", d) for i, d in enumerate(images)])
+    data = bytearray(tar.read_bytes())
+    data[headers["s1.png"].offset : headers["s1.png"].offset + 100] = b"\xa5" * 100
+    tar.write_bytes(bytes(data))
+    ds = open_dataset(tmp_path / "wds", decode="bytes")
+    assert [ds[i][0] for i in range(len(ds))] == [images[0], images[2], images[3]]

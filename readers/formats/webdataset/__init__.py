@@ -3,11 +3,16 @@
 Each sample is the group of consecutive tar members that share a key (the member name up to
 the first dot of its file name, as the ``webdataset`` package groups them): its image is the
 first member with an image extension (``jpg``, ``jpeg``, ``png``, ``webp``, ...), its label
-the ``cls`` member (an int), else ``txt`` (text), else ``json`` (any JSON). Members are found
-from the tar headers, so the image bytes are never read to open the shards; a sample without
-an image member is listed with the reason instead. packer reads these tars (``open_dataset``,
-``packer convert``) and writes them (``packer convert --to webdataset``), but never packs
-into them: the format is registered as bare-only, outside ``readers.formats.REGISTRY``.
+the ``cls`` member (an int), else ``txt`` (text), else ``json`` (JSON without NaN or
+infinities). Members are found from the tar headers, so the image bytes are never read to open
+the shards. Nothing is dropped unsaid: a damaged header does not end the shard (the members
+after it are found, as GNU tar skips to the next header, and the stretch skipped is reported
+``damaged``); a tar cut short, or without the zero blocks that end it, is ``truncated``; links
+are followed inside the tar (``broken_link``, ``outside_src`` otherwise); every member beside a
+sample's image and label is ``extra_member``; a sample without an image is ``not_image``.
+packer reads these tars (``open_dataset``, ``packer convert``) and writes them (``packer convert
+--to webdataset``), but never packs into them: the format is registered as bare-only, outside
+``readers.formats.REGISTRY``.
 """
 
 from __future__ import annotations
@@ -177,12 +182,13 @@ def scan_tar(path: Path, number: int) -> TarScan:
     found = TarScan()
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
                 found.problems.append(StoredProblem("empty", "an empty file", path.name))
                 return found
             with tarfile.open(fileobj=f, mode="r:", ignore_zeros=True) as tar:
                 members = _walk(path, f, tar, found)
-                _group(tar, number, path.name, members, found)
+                _group(tar, (number, path.name, size), members, found)
     except (tarfile.TarError, OSError) as exc:
         found.problems.append(
             StoredProblem("unreadable", f"not a readable tar file ({exc})", path.name)
@@ -210,9 +216,16 @@ def _target(
 
 
 def _group(
-    tar: tarfile.TarFile, number: int, name: str, members: list[tarfile.TarInfo], found: TarScan
+    tar: tarfile.TarFile,
+    where: tuple[int, str, int],
+    members: list[tarfile.TarInfo],
+    found: TarScan,
 ) -> None:
-    """Group `members` into samples (consecutive members sharing a key) into `found`."""
+    """Group `members` into samples (consecutive members sharing a key) into `found`.
+
+    `where`: the shard's number, name and size in bytes.
+    """
+    name = where[1]
     files = {posixpath.normpath(m.name): m for m in members if m.isfile() or m.issym()}
     files.update({posixpath.normpath(m.name): m for m in members if m.islnk()})
     groups: list[tuple[str, list[tarfile.TarInfo]]] = []
@@ -230,9 +243,8 @@ def _group(
         if not groups or groups[-1][0] != key:
             groups.append((key, []))
         groups[-1][1].append(member)
-    end = os.fstat(tar.fileobj.fileno()).st_size  # type: ignore[union-attr]
     for key, group in groups:
-        sample = _sample(tar, (number, name, end), key, group, files, found.problems)
+        sample = _sample(tar, where, key, group, files, found.problems)
         found.samples.append(sample)
 
 
