@@ -159,7 +159,10 @@ def _write_rec(prefix: Path, records: list[tuple[int, int, Any, bytes]]) -> None
     prefix.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in idx))
 
 
-def test_images_outside_the_insightface_header_range_are_converted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_idx", [True, False])
+def test_images_outside_the_insightface_header_range_are_converted(
+    tmp_path: Path, with_idx: bool
+) -> None:
     images = _images(6, seed=3)
     # the meta record names images 1..3 (label[0] = 4) and identities up to key 5; keys 4 and
     # 5 are identity records, keys 6..8 images beyond the range, key 9 a record with nothing
@@ -169,6 +172,8 @@ def test_images_outside_the_insightface_header_range_are_converted(tmp_path: Pat
     records += [(k, 0, float(k), images[k - 3]) for k in (6, 7, 8)]
     records += [(9, 0, 1.0, b"")]
     _write_rec(tmp_path / "train", records)
+    if not with_idx:  # the whole .rec is scanned: the same samples, in file order
+        (tmp_path / "train.idx").unlink()
     out = tmp_path / "out"
     summary = convert(ConvertConfig(tmp_path / "train.rec", out))
     got = _read_out(out)
