@@ -312,6 +312,12 @@ def test_damaged_tar_header_mid_shard_keeps_the_rest_and_reports(tmp_path: Path)
     )
     assert "[damaged]" in result.output
     assert not (tmp_path / "o2").exists()
+    for to in ("webdataset", "folder"):  # an export stops on it as well
+        args = [str(tmp_path / "wds"), str(tmp_path / to), "--to", to, "--on-error", "fail"]
+        result = runner.invoke(app, ["convert", *args])
+        assert result.exit_code == 2
+        assert "[damaged]" in result.output
+        assert not (tmp_path / to).exists()
 
 
 @pytest.mark.parametrize("cut", ["mid_member", "at_boundary"])
@@ -382,6 +388,10 @@ def test_tar_members_links_extras_and_missing_labels(tmp_path: Path) -> None:
         ("a.tar/s006.png", "no_label"),
         ("a.tar/s007.png", "bad_label"),
     ]
+    messages = {e["path"]: e["message"] for e in _errors(out)}
+    assert "NaN is not a finite number" in messages["a.tar/s007.png"]
+    assert "a second image of sample s001" in messages["a.tar/s001.jpg"]
+    assert "a link to 'nowhere.png', which is no file of the tar" in messages["a.tar/s004.png"]
     assert verify(out, deep=True) == []
 
 

@@ -12,7 +12,7 @@ from readers.formats.lmdb.env import shared_lmdb
 from readers.formats.lmdb.keys import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
 
 
-def _count(root: Path, txn: Any, entries: int) -> int:
+def bare_count(root: Path, txn: Any, entries: int) -> int:
     """The ``num-samples`` of a bare LMDB, checked against the environment's entry count.
 
     Raises:
@@ -68,15 +68,14 @@ def bare_records(root: Path) -> StoredRecords:
     """
     env = shared_lmdb(str(root))  # the process's one handle of it (py-lmdb allows one)
     with env.begin(buffers=True) as txn:
-        count = _count(root, txn, int(env.stat()["entries"]))
+        count = bare_count(root, txn, int(env.stat()["entries"]))
         sizes = []
-        labelled = 0
+        has_labels = False  # whether any image has a label key: looked up until one has
         for local in range(1, count + 1):
             value = txn.get(image_key(local))
             sizes.append(0 if value is None else len(value))
-            labelled += txn.get(label_key(local)) is not None
+            has_labels = has_labels or txn.get(label_key(local)) is not None
         problems = _beyond_count(txn, count)
-    has_labels = labelled > 0
 
     def read(start: int, stop: int) -> Iterator[StoredItem]:
         with env.begin(buffers=True) as txn:
