@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 
 from packer.build import BuildSummary
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, InputError, PackerError
+from packer.labels.common import nonfinite_label
 from packer.packed import PackedRecords
-from packer.problems import UNREADABLE, Problem
+from packer.problems import BAD_LABEL, UNREADABLE, Problem
 from packer.repack import Item, RepackConfig, RepackSource, repack
 from readers.errors import ReaderError
 from readers.formats import BARE_FORMATS, REGISTRY
+from readers.formats.base import StoredProblem
 from readers.formats.layout import META_NAME
 
 TARGETS = ("packer", "webdataset", "folder")
@@ -125,8 +127,14 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
             for i, item in zip(range(start, stop), stored.read(start, stop), strict=True):
                 if isinstance(item, str):
                     yield Problem(names[i], UNREADABLE, item)
+                elif isinstance(item, StoredProblem):
+                    yield Problem(names[i], item.reason, item.message)
                 else:
                     data, label = item
+                    bad = nonfinite_label(label)
+                    if bad is not None:  # as a build refuses it: no JSON holds NaN
+                        yield Problem(names[i], BAD_LABEL, bad)
+                        continue
                     yield prepare_bytes(names[i], data, label, decode_check=decode_check)
 
         source = RepackSource(
@@ -137,6 +145,7 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
             source=str(root),
             options={"decode_check": decode_check},
             label_source=stored.label_source,
+            problems=[Problem(p.path, p.reason, p.message) for p in stored.problems],
         )
         return ConvertInput(source, fmt.name)
     reason = "nothing at that path" if not root.exists() else "none of these"
@@ -173,6 +182,10 @@ def convert(cfg: ConvertConfig, *, log: Callable[[str], None] | None = None) -> 
     }
     if cfg.to != "packer":
         from packer.export import export
+
+        if found.source.problems and cfg.on_error == "fail":  # as repack does
+            first = found.source.problems[0]
+            raise InputError(first.path, first.reason, first.message)
 
         return export(cfg, found.source, log=log)
     repack_cfg = RepackConfig(

@@ -26,6 +26,9 @@ NO_LABEL = "no_label"  # labels required but this image has none
 MISSING = "missing"  # a list entry whose file does not exist
 DUPLICATE = "duplicate"  # a list entry seen before
 BAD_LINE = "bad_line"  # a list-file line that does not parse
+BAD_LABEL = "bad_label"  # a label that is not UTF-8 text, not a finite number, or not parsable
+EXTRA_MEMBER = "extra_member"  # not packed: a 2nd image in a tar sample, a key past num-samples
+DAMAGED = "damaged"  # a stretch of an input file that does not parse (a damaged tar header)
 
 # The message of a no_label problem whose label source gave no reason of its own.
 NO_LABEL_MESSAGE = "an image outside every class folder (labels from dirname)"

@@ -46,15 +46,42 @@ def parse_label_text(text: str) -> Any:
     return text if value is None else value
 
 
+NOT_FINITE = "not a finite number"
+"""How a NaN or infinite label is refused, by build and convert alike (reason ``bad_label``)."""
+
+
+class NonFiniteLabelError(ValueError):
+    """A label holds NaN or an infinity: JSON has no such number (index.jsonl would not parse)."""
+
+
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    raise NonFiniteLabelError(f"{name} is not a JSON number")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range for a number")
+        raise NonFiniteLabelError(f"{text} is out of range for a number")
     return value
+
+
+def nonfinite_label(label: Any) -> str | None:
+    """Return a message when `label` is or holds NaN or an infinity (at any depth), else None.
+
+    Such a label cannot be written as JSON; build and convert refuse the sample (``bad_label``).
+    """
+    if label is None or isinstance(label, str | int):
+        return None
+    stack = [label]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"the label {shorten(label)} holds {value!r}: {NOT_FINITE}"
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+    return None
 
 
 def loads_label(text: str) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from packer import problems as P
-from packer.labels.common import loads_label
+from packer.labels.common import NOT_FINITE, NonFiniteLabelError, loads_label
 from packer.problems import Problem
 from packer.records import Entry
 from packer.scan import ScanResult
@@ -45,6 +45,12 @@ def _sidecar_label(
             return (text or None), where, None
         try:
             return loads_label(text), where, None
+        except NonFiniteLabelError as exc:
+            return (
+                None,
+                where,
+                (P.BAD_LABEL, f"the sidecar {where}: the label is {NOT_FINITE} ({exc})"),
+            )
         except ValueError as exc:
             return None, where, (P.BAD_LINE, f"the sidecar {where} is not valid JSON ({exc})")
     return None, "", None

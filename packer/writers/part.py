@@ -54,7 +54,9 @@ PART_SCHEMA = pa.schema(
     ]
 )
 
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once, not per row
+# built once, not per row; allow_nan=False: a NaN or infinite label raises instead of writing
+# index.jsonl text that no JSON parser reads (inputs refuse them before: the last guard)
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _ENCODE_STR = json.encoder.encode_basestring  # what _JSON.encode does with a str, without the call
 
 

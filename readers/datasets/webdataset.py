@@ -15,8 +15,9 @@ from readers.io import handles
 class WebDatasetDataset(ShardedDataset):
     """WebDataset tar shards: ``ds[i] -> (image, label)`` over the samples with an image member.
 
-    The tars are scanned once at opening (member headers only); samples without an image
-    member are left out (``packer convert`` lists them in errors.jsonl). Labels are the
+    The tars are scanned once at opening (member headers only), past damaged headers;
+    samples without a usable image member are left out (``packer convert`` lists them, and
+    every other member it does not pack, in errors.jsonl). Labels are the
     ``cls`` (int), ``txt`` (text) or ``json`` member. Image bytes are read from a shared
     read-only mapping of each tar.
 
@@ -35,7 +36,7 @@ class WebDatasetDataset(ShardedDataset):
         tars = FORMAT.find_bare(self.root)
         if tars is None:
             raise DatasetFormatError(f"{self.root}: holds no {TAR_SUFFIX} shards")
-        samples = [s for s in scan_tars(tars) if not s.problem]
+        samples = [s for s in scan_tars(tars).samples if not s.problem]
         if not samples:
             raise DatasetFormatError(f"{self.root}: no sample of its tars has an image member")
         self.samples = samples
@@ -47,8 +48,9 @@ class WebDatasetDataset(ShardedDataset):
         return handles.shared_mmap(path)
 
     def _byte_range(self, shard: int, lo: int, hi: int) -> tuple[str, int, int] | None:
-        first, last = self.samples[lo], self.samples[hi - 1]
-        return self._shard_paths[shard], first.offset, last.offset + last.size
+        chunk = self.samples[lo:hi]  # a link's bytes may lie before its neighbours'
+        begin = min(s.offset for s in chunk)
+        return self._shard_paths[shard], begin, max(s.offset + s.size for s in chunk)
 
     def _read(self, i: int, shard: int, *, as_bytes: bool) -> tuple[Any, Any]:
         s = self.samples[i]

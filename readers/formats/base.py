@@ -10,14 +10,33 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-StoredItem = tuple[bytes, Any] | str
-"""One record as stored: ``(bytes, label)``, or why it holds no image bytes."""
+
+@dataclass(frozen=True)
+class StoredProblem:
+    """Why a record, or a part of a bare input that is no record, is not converted.
+
+    Attributes:
+        reason: a stable reason code, as ``errors.jsonl`` holds it (``bad_label``, ``no_label``,
+            ``extra_member``, ``damaged``, ``truncated``, ``empty``, ``broken_link``, ...).
+        message: what was found, for a person.
+        path: what it names (in `StoredRecords.problems`; a record's problem is named by the
+            record's name).
+    """
+
+    reason: str
+    message: str
+    path: str = ""
+
+
+StoredItem = tuple[bytes, Any] | str | StoredProblem
+"""One record as stored: ``(bytes, label)``, or why it cannot be converted (a message: the
+record is unreadable; a `StoredProblem`: for another reason)."""
 
 
 @dataclass
@@ -30,6 +49,8 @@ class StoredRecords:
         sizes: per record, the stored bytes (0 for one that holds no image).
         read: ``read(start, stop)`` yields records ``start..stop-1``, one `StoredItem` each.
         label_source: how the labels were found (for meta.json).
+        problems: what of the input is not among the records and is not converted (a damaged
+            stretch of a file, a member beside a sample's image), found when it was opened.
     """
 
     files: list[Path]
@@ -37,6 +58,7 @@ class StoredRecords:
     sizes: list[int]
     read: Callable[[int, int], Iterator[StoredItem]]
     label_source: str = "none"
+    problems: list[StoredProblem] = field(default_factory=list)
 
 
 class ShardFormat:

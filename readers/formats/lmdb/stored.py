@@ -4,50 +4,130 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from readers.errors import DatasetFormatError
-from readers.formats.base import StoredRecords
+from readers.formats.base import StoredItem, StoredProblem, StoredRecords
 from readers.formats.lmdb.env import shared_lmdb
 from readers.formats.lmdb.keys import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
+
+
+def bare_count(root: Path, txn: Any, entries: int) -> int:
+    """The ``num-samples`` of a bare LMDB, checked against the environment's entry count.
+
+    Raises:
+        DatasetFormatError: no decimal count, or one that the LMDB cannot hold.
+    """
+    raw = txn.get(NUM_SAMPLES_KEY)
+    text = None if raw is None else bytes(raw).decode("ascii", "replace").strip()
+    if text is None or not text.isdigit():
+        raise DatasetFormatError(
+            f"{root}: an LMDB whose 'num-samples' is {text!r}; expected the PaddleOCR "
+            "layout (num-samples as a decimal count, image-%09d, label-%09d)"
+        )
+    count = int(text)
+    if count > entries - 1:  # every sample is one image key besides num-samples
+        raise DatasetFormatError(
+            f"{root}: 'num-samples' says {count} samples, but the LMDB holds only {entries} "
+            f"keys in all (num-samples included), too few for {count} image-%09d keys; "
+            "is num-samples wrong?"
+        )
+    return count
+
+
+def bad_label_text(key: bytes, raw: bytes) -> StoredProblem | None:
+    """Return why the stored label `raw` (of `key`) is not a text label, or None when it is.
+
+    Labels are never decoded with replacement characters: two different GBK or Latin-1
+    labels would become the same ``"����"``. The bytes are shown escaped instead.
+    """
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        shown = repr(raw[:48]) + ("..." if len(raw) > 48 else "")
+        return StoredProblem(
+            "bad_label",
+            f"{key.decode()} is not UTF-8 text ({exc.reason} at byte {exc.start}): {shown}; "
+            "re-encode the labels as UTF-8 (GBK or Latin-1 labels are not guessed)",
+        )
+    return None
 
 
 def bare_records(root: Path) -> StoredRecords:
     """The ``image-%09d`` values of the bare LMDB at `root` with their ``label-%09d`` texts.
 
-    Labels are kept as the text stored (a scene-text LMDB's transcriptions); the sizes come
-    from the values' lengths, without reading the values.
+    Labels are kept as the text stored (a scene-text LMDB's transcriptions). A label that is
+    not UTF-8 is a ``bad_label`` problem (its bytes shown escaped, never replaced); an image
+    without a label key is a ``no_label`` problem, unless no image has one (then every label
+    is null and the label source ``none``). An image key past ``num-samples`` is listed as
+    not converted. The sizes come from the values' lengths, without reading the values.
 
     Raises:
-        DatasetFormatError: not an LMDB with a ``num-samples`` key.
+        DatasetFormatError: not an LMDB with a ``num-samples`` key, or one whose count exceeds
+            what the environment holds.
     """
     env = shared_lmdb(str(root))  # the process's one handle of it (py-lmdb allows one)
     with env.begin(buffers=True) as txn:
-        raw = txn.get(NUM_SAMPLES_KEY)
-        text = None if raw is None else bytes(raw).decode("ascii", "replace").strip()
-        if text is None or not text.isdigit():
-            raise DatasetFormatError(
-                f"{root}: an LMDB whose 'num-samples' is {text!r}; expected the PaddleOCR "
-                "layout (num-samples as a decimal count, image-%09d, label-%09d)"
-            )
-        count = int(text)
+        count = bare_count(root, txn, int(env.stat()["entries"]))
         sizes = []
+        has_labels = False  # whether any image has a label key: looked up until one has
         for local in range(1, count + 1):
             value = txn.get(image_key(local))
             sizes.append(0 if value is None else len(value))
+            has_labels = has_labels or txn.get(label_key(local)) is not None
+        problems = _beyond_count(txn, count)
 
-    def read(start: int, stop: int) -> Iterator[tuple[bytes, str | None] | str]:
+    def read(start: int, stop: int) -> Iterator[StoredItem]:
         with env.begin(buffers=True) as txn:
             for local in range(start + 1, stop + 1):
                 value = txn.get(image_key(local))
                 if value is None:
                     yield f"the key {image_key(local).decode()} is missing"
                     continue
-                label = txn.get(label_key(local))
-                text = None if label is None else bytes(label).decode("utf-8", "replace")
-                yield bytes(value), text
+                raw = txn.get(label_key(local))
+                if raw is None:
+                    if has_labels:
+                        yield StoredProblem(
+                            "no_label",
+                            f"no {label_key(local).decode()} key beside the image (the other "
+                            "images have labels)",
+                        )
+                    else:
+                        yield bytes(value), None
+                    continue
+                raw = bytes(raw)
+                bad = bad_label_text(label_key(local), raw)
+                yield bad if bad is not None else (bytes(value), raw.decode("utf-8"))
 
     names = [image_key(local).decode() for local in range(1, count + 1)]
-    return StoredRecords([root / DATA_FILE], names, sizes, read, label_source="label-%09d")
+    return StoredRecords(
+        [root / DATA_FILE],
+        names,
+        sizes,
+        read,
+        label_source="label-%09d" if has_labels else "none",
+        problems=problems,
+    )
+
+
+def _beyond_count(txn: Any, count: int) -> list[StoredProblem]:
+    """The image keys past ``num-samples`` (PaddleOCR never reads them): not converted."""
+    found = []
+    with txn.cursor() as cursor:
+        if cursor.set_range(image_key(count + 1)):
+            for key in cursor.iternext(keys=True, values=False):
+                key = bytes(key)
+                if not key.startswith(b"image-"):
+                    break
+                found.append(
+                    StoredProblem(
+                        "extra_member",
+                        f"the LMDB's num-samples is {count}: {key.decode()} is past it "
+                        "(readers of the PaddleOCR layout never see it); not converted",
+                        key.decode(),
+                    )
+                )
+    return found
 
 
 def read_stored(shard_path: str, locals_: Sequence[int]) -> Iterator[bytes]:

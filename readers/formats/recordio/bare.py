@@ -3,20 +3,25 @@
 With an ``.idx``, the samples are its records in file order; when the record of key 0 is an
 InsightFace meta record (flag > 0, no image bytes; ``label[0]`` = 1 + the number of images,
 ``label[1]`` the end of the identity records that follow the images), the samples are keys
-``1 .. label[0] - 1`` and the meta and identity records are skipped. Without an ``.idx`` the
-whole file is scanned, and records that hold no image are skipped. Nothing here imports paddle.
+``1 .. label[0] - 1``, then every other record that holds image bytes (in ``.idx`` order: an
+image outside the range the header names is a sample too, never dropped). Records with a label
+vector and no image bytes (flag > 0: InsightFace's meta and identity records) are metadata,
+not samples. Without an ``.idx`` the whole file is scanned, with the same rule. A record with
+neither image bytes nor a label vector is a sample, which conversion reports as ``empty``.
+Nothing here imports paddle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from math import isfinite
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from readers.errors import DatasetFormatError
-from readers.formats.base import StoredRecords
+from readers.formats.base import StoredItem, StoredProblem, StoredRecords
 from readers.formats.recordio.idx import read_idx
 from readers.formats.recordio.images import cut_short, header_at, unpack_image_record
 from readers.formats.recordio.records import RecordIOError, read_record_at, scan_offsets
@@ -29,13 +34,34 @@ def int_labels(values: list[Any]) -> np.ndarray | None:
     return np.asarray(values, dtype=np.int64)
 
 
-def insightface_images(
-    idx: Path, keys: np.ndarray, offsets: np.ndarray, meta_at: int, meta_label: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return the keys and offsets of the images an InsightFace meta record announces.
+def _metadata(buf: Any, offset: int) -> bool:
+    """Whether the record at `offset` is metadata: a label vector (flag > 0), no image bytes.
 
-    Those are keys ``1 .. label[0] - 1``; without a usable range, every key but the meta
-    record's.
+    A record that does not parse is not metadata: conversion reports it when it reads it.
+    """
+    try:
+        header, _, image_len = header_at(buf, offset)
+    except RecordIOError:
+        return False
+    return header.flag > 0 and image_len == 0
+
+
+def insightface_images(
+    idx: Path,
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    meta_at: int,
+    meta_label: np.ndarray,
+    buf: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the keys and offsets of the samples of a ``.rec`` with an InsightFace meta record.
+
+    Those are keys ``1 .. label[0] - 1``, then (with `buf`, the ``.rec`` mapped) every other
+    record but metadata (`_metadata`: the identity records) in ``.idx`` order; without a
+    usable range, every key but the meta record's.
+
+    Raises:
+        DatasetFormatError: a key of the range is not in the ``.idx``.
     """
     end = float(meta_label[0]) if meta_label.size else 0.0
     if not (end.is_integer() and 1 <= end <= len(keys)):
@@ -50,14 +76,22 @@ def insightface_images(
             f"{idx}: the meta record (key 0) announces images with keys 1..{int(end) - 1}, "
             f"but key {missing} is not in the index"
         )
-    return wanted, offsets[order][pos]
+    chosen = order[pos]
+    if buf is None:
+        return wanted, offsets[chosen]
+    outside = np.ones(len(keys), dtype=bool)
+    outside[chosen] = False
+    outside[meta_at] = False
+    more = [int(i) for i in np.flatnonzero(outside) if not _metadata(buf, int(offsets[i]))]
+    chosen = np.concatenate([chosen, np.asarray(more, dtype=np.int64)])
+    return keys[chosen], offsets[chosen]
 
 
 def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Return ``(keys, offsets, int labels or None)`` of the image records of a ``.rec``.
 
-    For a ``.rec`` without ``.idx``: found by reading the whole file (records without image
-    bytes are skipped).
+    For a ``.rec`` without ``.idx``: found by reading the whole file (metadata records, a label
+    vector without image bytes, are skipped).
     """
     try:
         keys: list[int] = []
@@ -65,7 +99,7 @@ def scan_images(rec: Path, buf: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray
         labels: list[Any] = []
         for offset in scan_offsets(buf).tolist():
             header, label, image_len = header_at(buf, offset)
-            if image_len == 0:  # a meta or identity record (InsightFace), not an image
+            if header.flag > 0 and image_len == 0:  # a meta or identity record (InsightFace)
                 continue
             kept.append(offset)
             keys.append(header.id)
@@ -120,7 +154,7 @@ def indexed_images(
             ) from exc
         if header.flag > 0 and image_len == 0:
             meta_label = np.asarray(label, dtype=np.float32)
-            keys, offsets = insightface_images(idx, keys, offsets, zero[0], meta_label)
+            keys, offsets = insightface_images(idx, keys, offsets, zero[0], meta_label, buf)
     return keys, offsets, meta_label
 
 
@@ -131,7 +165,7 @@ def _stored_label(label: Any, ints: bool) -> Any:
     """
     if isinstance(label, np.ndarray):
         return [float(v) for v in label.tolist()]
-    return int(label) if ints else float(label)
+    return int(label) if ints and isfinite(label) else float(label)
 
 
 def bare_records(pair: tuple[Path, Path | None], buf: Any) -> StoredRecords:
@@ -154,16 +188,22 @@ def bare_records(pair: tuple[Path, Path | None], buf: Any) -> StoredRecords:
             labels.append(label)
     except RecordIOError as exc:
         raise DatasetFormatError(f"{rec}: a record does not parse ({exc})") from exc
-    ints = int_labels(labels) is not None
-    kept = [_stored_label(label, ints) for label in labels]
+    # NaN and infinities are refused by the conversion; they do not make the rest floats
+    ints = int_labels([v for v in labels if not (isinstance(v, float) and not isfinite(v))])
+    kept = [_stored_label(label, ints is not None) for label in labels]
 
-    def read(start: int, stop: int) -> Iterator[tuple[bytes, Any] | str]:
+    def read(start: int, stop: int) -> Iterator[StoredItem]:
         for i in range(start, stop):
             try:
                 payload, _ = read_record_at(buf, int(offsets[i]))
                 _, _, image = unpack_image_record(payload)
             except RecordIOError as exc:
                 yield f"the record at offset {int(offsets[i])} does not parse ({exc})"
+                continue
+            if len(image) == 0:
+                yield StoredProblem(
+                    "empty", f"the record at offset {int(offsets[i])} holds no image bytes"
+                )
                 continue
             yield bytes(image), kept[i]
 
