@@ -21,6 +21,7 @@ from readers.formats.lmdb import (
     leaf_value,
     overflow_value,
 )
+from readers.formats.lmdb.stored import bare_count
 from readers.io import handles
 from readers.io.readahead import coalesce
 
@@ -76,14 +77,14 @@ class LmdbDataset(ShardedDataset):
                 raise DatasetFormatError(str(exc)) from exc
             if problem is not None:
                 raise DatasetFormatError(f"{self.root}: damaged LMDB pages: {problem}")
-            raw = txn.get(NUM_SAMPLES_KEY)
-            raw = None if raw is None else bytes(raw)
-        if raw is None:
-            raise DatasetFormatError(
-                f"{self.root}: an LMDB without a 'num-samples' key; expected the PaddleOCR "
-                "layout (num-samples, image-%09d, label-%09d)"
-            )
-        self.shard_bounds = np.asarray([0, int(raw)], dtype=np.int64)
+            if txn.get(NUM_SAMPLES_KEY) is None:
+                raise DatasetFormatError(
+                    f"{self.root}: an LMDB without a 'num-samples' key; expected the PaddleOCR "
+                    "layout (num-samples, image-%09d, label-%09d)"
+                )
+            # a count the environment cannot hold is refused here, not found 10^9 reads later
+            count = bare_count(self.root, txn, int(self._env(0).stat()["entries"]))
+        self.shard_bounds = np.asarray([0, count], dtype=np.int64)
 
     def _env(self, shard: int) -> Any:
         return self._handle(shard)

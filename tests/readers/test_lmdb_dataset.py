@@ -48,6 +48,18 @@ def test_bare_paddleocr_lmdb(tmp_path):
     assert ds.labels is None
 
 
+def test_a_bare_lmdb_whose_count_it_cannot_hold_is_refused_at_open(tmp_path):
+    files = write_tree(tmp_path / "src", {"w": 3})
+    bare = tmp_path / "bare"
+    write_bare_lmdb(bare, [files[k] for k in sorted(files)], ["a", "b", "c"])
+    env = lmdb.open(str(bare), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.put(b"num-samples", b"1000000000")
+    env.close()
+    with pytest.raises(DatasetFormatError, match=r"'num-samples' says 1000000000 samples.*7 keys"):
+        LmdbDataset(bare)
+
+
 def test_open_dataset_says_what_it_found(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "readme.md").write_text("hi")
