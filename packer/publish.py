@@ -33,6 +33,7 @@ from packer.errors import OutputExistsError, PackerError
 from readers.formats.layout import META_NAME
 from readers.remote import filesystem, join_url, read_small
 from readers.remote.dataset import DATA_PREFIX_FIELD
+from readers.remote.errors import probe
 
 SHA_KEY = "packer-sha256"
 """The S3 user-metadata key that holds an uploaded object's SHA-256 (checked by --resume)."""
@@ -50,6 +51,17 @@ class UploadError(PackerError):
             "(no meta.json written). Run the same packer build again with --resume to send "
             "only what is missing"
         )
+
+
+class StoreUnreachableError(PackerError):
+    """The object store of OUT cannot be reached, is not S3, or lacks the bucket."""
+
+
+def check_store(url: str, fs: Any, base: str) -> None:
+    """Ask the store of `url` once; raise `StoreUnreachableError` when it cannot serve it."""
+    unreachable = probe(url, fs, base)
+    if unreachable is not None:
+        raise StoreUnreachableError(str(unreachable))
 
 
 @dataclass
@@ -186,6 +198,7 @@ def publish(
 
     Raises:
         OutputExistsError: a dataset is published at `url` and neither flag allows it.
+        StoreUnreachableError: the store cannot be reached, is not S3, or lacks the bucket.
         UploadError: an object failed after retries (nothing published).
     """
     say = log or (lambda msg: print(msg, file=sys.stderr))
@@ -193,6 +206,7 @@ def publish(
     meta = json.loads((local / META_NAME).read_text(encoding="utf-8"))
     prefix = generation_prefix(meta)
     result = UploadResult(url=url, prefix=prefix)
+    check_store(url, fs, base)
     old = read_remote_meta(fs, base)
     if old is not None and not overwrite:
         if resume and old.get(DATA_PREFIX_FIELD) == prefix:

@@ -24,6 +24,7 @@ from typing import IO, Any
 from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
 from readers.remote import DatasetNotFoundError, filesystem, join_url, read_small
+from readers.remote.errors import endpoint_of, probe, storage_failure
 
 __all__ = ["DATA_PREFIX_FIELD", "RemoteDataset"]
 
@@ -42,6 +43,7 @@ class RemoteDataset:
 
     Raises:
         DatasetNotFoundError: no meta.json at `url` (nothing there, or an unfinished upload).
+        StorageUnreachableError: the store cannot be reached, is not S3, or has no such bucket.
         DatasetFormatError: meta.json is not a JSON object, or names an unusable prefix.
         StorageExtraMissingError: fsspec/s3fs are not installed.
     """
@@ -54,9 +56,15 @@ class RemoteDataset:
         try:
             self.meta_bytes: bytes = read_small(self.fs, meta_path)
         except FileNotFoundError:
-            raise DatasetNotFoundError(self.url) from None
+            # no meta.json, or no bucket, or a server that is not S3: ask the store which
+            raise probe(self.url, self.fs, self.path) or DatasetNotFoundError(self.url) from None
         except IsADirectoryError:
             raise DatasetNotFoundError(self.url, "meta.json is a prefix") from None
+        except Exception as exc:
+            unreachable = storage_failure(exc, self.url, endpoint_of(self.fs))
+            if unreachable is None:
+                raise
+            raise unreachable from None
         try:
             meta = json.loads(self.meta_bytes)
         except ValueError as exc:
