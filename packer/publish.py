@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import OutputExistsError, PackerError
+from readers.formats import get_format
 from readers.formats.layout import META_NAME
 from readers.remote import filesystem, join_url, read_small
-from readers.remote.dataset import DATA_PREFIX_FIELD
+from readers.remote.dataset import DATA_PREFIX_FIELD, SHARD_DIGESTS_FIELD
 from readers.remote.errors import probe
 
 SHA_KEY = "packer-sha256"
@@ -168,6 +169,15 @@ class _Uploader:
         _retry(lambda: self.fs.put_file(str(self.local / rel), path, **extra), path)
 
 
+def _shard_shas(meta: dict[str, Any], shas: dict[str, str]) -> dict[str, str]:
+    """The SHA-256 of every shard file that `meta`'s shard table names (staging checks them)."""
+    fmt = get_format(str(meta.get("format")))
+    if fmt is None:
+        return {}
+    names = [str(shard["name"]) for shard in meta.get("shards", [])]
+    return {rel: shas[rel] for name in names for rel in fmt.shard_files(name) if rel in shas}
+
+
 def _protocols(fs: Any) -> list[str]:
     protocol = fs.protocol
     return [protocol] if isinstance(protocol, str) else list(protocol)
@@ -246,6 +256,7 @@ def publish(
     result.sent.sort()
     published = dict(meta)
     published[DATA_PREFIX_FIELD] = prefix
+    published[SHARD_DIGESTS_FIELD] = _shard_shas(meta, shas)
     if source is not None:
         published["source"] = source
     body = (json.dumps(published, ensure_ascii=False, indent=2) + "\n").encode()

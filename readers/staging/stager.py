@@ -23,6 +23,7 @@ from typing import Any
 from readers.files import DATASET_FILES, NotRegularFileError
 from readers.formats import FORMATS, get_format
 from readers.formats.layout import INDEX_NAME, META_NAME
+from readers.remote.dataset import shard_digests
 from readers.staging import cache
 from readers.staging.cache import STAGING, ShardSlot
 from readers.staging.files import (
@@ -139,6 +140,8 @@ class Stager:
                     "dataset complete? (packer verify)"
                 ) from None
         self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
+        # the SHA-256 of each shard file, recorded when the dataset was published
+        self.digests = shard_digests(self.meta)
 
     def run(self) -> StageResult:
         """Stage every shard that fits; return what was done."""
@@ -272,14 +275,23 @@ class Stager:
                 for rel in inside:
                     inner = Path(*Path(rel).parts[1:])
                     (tmp / inner).parent.mkdir(parents=True, exist_ok=True)
-                    files[rel] = copy_checked(self.source, rel, tmp / inner, self.progress)
+                    files[rel] = self._copy_file(rel, tmp / inner)
                 fsync_dir(tmp)
             else:
-                files[entry] = copy_checked(self.source, entry, tmp, self.progress)
+                files[entry] = self._copy_file(entry, tmp)
         self._check_unchanged(f"shard {name}")  # a rebuild first: the likelier cause
         after = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
         if after != before:
             raise StagingError(f"{self.origin}: shard {name} changed while it was copied")
+        for rel, record in files.items():
+            want, got = self.digests.get(rel), record.pop("sha256", None)
+            if want is not None and got != want:
+                raise StagingError(
+                    f"{self.source.where(rel)}: the staged bytes' SHA-256 differs from the one "
+                    f"{META_NAME} recorded when the dataset was published: shard {name} was "
+                    "replaced or altered since. Check it (packer verify) and publish the "
+                    "dataset again (packer build ... --overwrite)"
+                )
         for tmp, final in temporaries:
             os.rename(tmp, final)
         fsync_dir(slot.data)
@@ -293,6 +305,10 @@ class Stager:
             },
         )
         self._flip_links(slot)
+
+    def _copy_file(self, rel: str, dst: Path) -> dict[str, Any]:
+        """Copy the shard file `rel` to `dst`, with its SHA-256 when meta.json records one."""
+        return copy_checked(self.source, rel, dst, self.progress, sha256=rel in self.digests)
 
     def _intact(self, slot: ShardSlot, manifest: dict[str, Any]) -> bool:
         """Say whether the staged copy of `slot` can be used.
