@@ -308,7 +308,9 @@ class Stager:
 
     def _copy_file(self, rel: str, dst: Path) -> dict[str, Any]:
         """Copy the shard file `rel` to `dst`, with its SHA-256 when meta.json records one."""
-        return copy_checked(self.source, rel, dst, self.progress, sha256=rel in self.digests)
+        if rel in self.digests:
+            return copy_checked(self.source, rel, dst, self.progress, sha256=True)
+        return copy_checked(self.source, rel, dst, self.progress)
 
     def _intact(self, slot: ShardSlot, manifest: dict[str, Any]) -> bool:
         """Say whether the staged copy of `slot` can be used.
