@@ -264,7 +264,7 @@ class Stager:
     def _copy(self, slot: ShardSlot) -> None:
         name = slot.name
         before = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
-        files: dict[str, dict[str, int]] = {}
+        files: dict[str, dict[str, Any]] = {}
         temporaries = []
         for entry in self.entries[name]:
             tmp = slot.data / f"{entry}{TMP_MARK}{os.getpid()}"
