@@ -29,7 +29,7 @@ from typing import Any
 from packer.errors import PackerError
 from readers.io.ranges import credentials_error, is_retryable, is_throttled
 from readers.remote import filesystem, join_url
-from readers.remote.errors import endpoint_of, probe, storage_failure
+from readers.remote.errors import endpoint_of, probe, redact, storage_failure
 
 __all__ = ["ATTEMPTS", "MIRROR_WORKERS", "RemoteSourceError", "SourceObject", "mirror_source"]
 
@@ -238,16 +238,16 @@ def _failure(obj: SourceObject, exc: BaseException) -> RemoteSourceError | None:
     if is_throttled(exc):
         return RemoteSourceError(
             f"{obj.url}: the store kept throttling the requests (HTTP 503 SlowDown) through "
-            f"the client's retries ({exc}); retry later"
+            f"the client's retries ({redact(str(exc))}); retry later"
         )
     if not is_retryable(exc):
-        return RemoteSourceError(f"{obj.url}: cannot read ({exc!r})")
+        return RemoteSourceError(f"{obj.url}: cannot read ({redact(repr(exc))})")
     return None
 
 
 def _gave_up(obj: SourceObject, last: BaseException | None) -> RemoteSourceError:
     return RemoteSourceError(
         f"{obj.url}: download failed {ATTEMPTS} times, each with the client's own retries "
-        f"(the last: {last}); if the object is being rewritten, run the build once SRC stops "
-        "changing, else check the connection to the object store and run it again"
+        f"(the last: {redact(str(last))}); if the object is being rewritten, run the build once "
+        "SRC stops changing, else check the connection to the object store and run it again"
     )

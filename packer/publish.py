@@ -34,7 +34,7 @@ from readers.formats import get_format
 from readers.formats.layout import META_NAME
 from readers.remote import filesystem, join_url, read_small
 from readers.remote.dataset import DATA_PREFIX_FIELD, SHARD_DIGESTS_FIELD
-from readers.remote.errors import probe
+from readers.remote.errors import probe, redact
 
 SHA_KEY = "packer-sha256"
 """The S3 user-metadata key that holds an uploaded object's SHA-256 (checked by --resume)."""
@@ -48,9 +48,9 @@ class UploadError(PackerError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
-            f"{url}: upload failed after {ATTEMPTS} attempts ({reason}); nothing was published "
-            "(no meta.json written). Run the same packer build again with --resume to send "
-            "only what is missing"
+            f"{url}: upload failed after {ATTEMPTS} attempts ({redact(reason)}); nothing was "
+            "published (no meta.json written). Run the same packer build again with --resume to "
+            "send only what is missing"
         )
 
 

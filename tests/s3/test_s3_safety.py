@@ -232,6 +232,8 @@ def test_a_shard_replaced_out_of_band_is_refused_when_staged(endpoint: str, tmp_
         r"from the one meta.json recorded .*packer verify.*--overwrite",
     ):
         LmdbDataset(url, cache_dir=tmp_path / "after", decode="bytes")
+    with pytest.raises(StagingError, match=r"shard-00000/data.mdb: the staged bytes' SHA-256"):
+        LmdbDataset(url, cache_dir=tmp_path / "before", decode="bytes")  # its copy is stale
     result = cli("stage", url, str(tmp_path / "cli"))
     assert result.exit_code == 2
     assert "shard-00000/data.mdb: the staged bytes' SHA-256 differs" in result.output
