@@ -12,7 +12,8 @@ the object's metadata) and sends only those missing or different.  ``--overwrite
 the new generation beside the old one, switches meta.json in one PUT, then deletes the old
 generation: readers that staged the old version keep their local copy; one staging it at
 that moment fails with a clear error and stages the new one when reopened; none ever mixes
-the two.
+the two. The published meta.json records the SHA-256 of every shard file (``shard_sha256``):
+staging checks each copy against it, so a shard replaced out of band is refused by name.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ removed once nobody uses them.
 
 Only the files the dataset names are staged (``DATASET_FILES`` and the shard files of the shard
 table), each a regular file reached through no symbolic link: anything else planted in the
-origin is neither copied nor followed.
+origin is neither copied nor followed. A shard file whose SHA-256 meta.json records (a
+published dataset's ``shard_sha256``) must have it once copied, else staging fails naming it.
 """
 
 from __future__ import annotations
