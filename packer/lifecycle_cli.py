@@ -15,6 +15,7 @@ import typer
 from packer.clitools import FORMAT_HELP as _FORMAT_HELP
 from packer.clitools import check_format as _format
 from packer.clitools import fail as _fail
+from packer.clitools import refuse_urls
 from packer.config import parse_size, usable_cores
 from packer.errors import ConfigError, PackerError
 from readers.errors import ReaderError
@@ -60,6 +61,7 @@ def convert(
     ] = None,
 ) -> None:
     """Convert IN to packer's format (or export it) keeping the stored bytes and labels."""
+    refuse_urls("convert", src, outputs=(out,))
     from packer.convert import ConvertConfig
     from packer.convert import convert as run_convert
 
@@ -115,6 +117,7 @@ def append(
 
     OUT is the old or the new dataset at every moment.
     """
+    refuse_urls("append", src, outputs=(out,))
     from packer.append import append as run_append
     from packer.append import append_config, read_dataset
 
@@ -161,6 +164,7 @@ def merge(
     Class names are united (ids remapped, each source's map in meta.json); a source shard
     whose bytes stay the same is hard-linked, not copied.
     """
+    refuse_urls("merge", *sources, outputs=(out,))
     from packer.regroup import merge_datasets
 
     try:
@@ -190,6 +194,7 @@ def split(
 
     Records are copied without decoding.
     """
+    refuse_urls("split", out, outputs=(into,))
     from packer.regroup import parse_fractions, split_dataset
 
     try:
@@ -223,6 +228,7 @@ def dupes(
 
     Groups that cross datasets come first, then groups whose labels conflict.
     """
+    refuse_urls("dupes", out, *(others or []))
     from packer.dupes import find_dupes
     from packer.nearhash import MAX_THRESHOLD
 

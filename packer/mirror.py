@@ -29,6 +29,7 @@ from typing import Any
 from packer.errors import PackerError
 from readers.io.ranges import credentials_error, is_retryable, is_throttled
 from readers.remote import filesystem, join_url
+from readers.remote.errors import endpoint_of, probe, redact, storage_failure
 
 __all__ = ["ATTEMPTS", "MIRROR_WORKERS", "RemoteSourceError", "SourceObject", "mirror_source"]
 
@@ -62,6 +63,11 @@ def _list(fs: Any, base: str, url: str, dest: Path) -> list[SourceObject]:
         found = {}
     except PermissionError as exc:
         raise RemoteSourceError(str(credentials_error(url, exc))) from exc
+    except Exception as exc:
+        unreachable = storage_failure(exc, url, endpoint_of(fs))
+        if unreachable is None:
+            raise
+        raise RemoteSourceError(str(unreachable)) from None
     objects = []
     for path, info in sorted(found.items()):
         path = str(path)
@@ -101,7 +107,8 @@ def mirror_source(
     relative to `url` and must be the object the listing gave (its size; on S3 its ETag).
 
     Raises:
-        RemoteSourceError: nothing under `url`, or an object failed to download.
+        RemoteSourceError: nothing under `url`, the store cannot serve it (no connection, no
+            bucket, not S3), or an object failed to download.
     """
     options = dict(storage_options or {})
     if url.split("://", 1)[0].lower() in ("s3", "s3a"):
@@ -112,7 +119,8 @@ def mirror_source(
     fs, base = filesystem(url, options)
     objects = _list(fs, base, url, dest)
     if not objects:
-        raise RemoteSourceError(f"SRC {url}: no objects under that prefix")
+        unreachable = probe(url, fs, base)  # no bucket, or not an S3 server
+        raise RemoteSourceError(str(unreachable or f"SRC {url}: no objects under that prefix"))
     if dest.exists():
         shutil.rmtree(dest)
     for folder in sorted({o.target.parent for o in objects}):
@@ -230,16 +238,16 @@ def _failure(obj: SourceObject, exc: BaseException) -> RemoteSourceError | None:
     if is_throttled(exc):
         return RemoteSourceError(
             f"{obj.url}: the store kept throttling the requests (HTTP 503 SlowDown) through "
-            f"the client's retries ({exc}); retry later"
+            f"the client's retries ({redact(str(exc))}); retry later"
         )
     if not is_retryable(exc):
-        return RemoteSourceError(f"{obj.url}: cannot read ({exc!r})")
+        return RemoteSourceError(f"{obj.url}: cannot read ({redact(repr(exc))})")
     return None
 
 
 def _gave_up(obj: SourceObject, last: BaseException | None) -> RemoteSourceError:
     return RemoteSourceError(
         f"{obj.url}: download failed {ATTEMPTS} times, each with the client's own retries "
-        f"(the last: {last}); if the object is being rewritten, run the build once SRC stops "
-        "changing, else check the connection to the object store and run it again"
+        f"(the last: {redact(str(last))}); if the object is being rewritten, run the build once "
+        "SRC stops changing, else check the connection to the object store and run it again"
     )

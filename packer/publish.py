@@ -12,7 +12,8 @@ the object's metadata) and sends only those missing or different.  ``--overwrite
 the new generation beside the old one, switches meta.json in one PUT, then deletes the old
 generation: readers that staged the old version keep their local copy; one staging it at
 that moment fails with a clear error and stages the new one when reopened; none ever mixes
-the two.
+the two. The published meta.json records the SHA-256 of every shard file (``shard_sha256``):
+staging checks each copy against it, so a shard replaced out of band is refused by name.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import OutputExistsError, PackerError
+from readers.formats import get_format
 from readers.formats.layout import META_NAME
 from readers.remote import filesystem, join_url, read_small
-from readers.remote.dataset import DATA_PREFIX_FIELD
+from readers.remote.dataset import DATA_PREFIX_FIELD, SHARD_DIGESTS_FIELD
+from readers.remote.errors import probe, redact
 
 SHA_KEY = "packer-sha256"
 """The S3 user-metadata key that holds an uploaded object's SHA-256 (checked by --resume)."""
@@ -46,10 +49,21 @@ class UploadError(PackerError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
-            f"{url}: upload failed after {ATTEMPTS} attempts ({reason}); nothing was published "
-            "(no meta.json written). Run the same packer build again with --resume to send "
-            "only what is missing"
+            f"{url}: upload failed after {ATTEMPTS} attempts ({redact(reason)}); nothing was "
+            "published (no meta.json written). Run the same packer build again with --resume to "
+            "send only what is missing"
         )
+
+
+class StoreUnreachableError(PackerError):
+    """The object store of OUT cannot be reached, is not S3, or lacks the bucket."""
+
+
+def check_store(url: str, fs: Any, base: str) -> None:
+    """Ask the store of `url` once; raise `StoreUnreachableError` when it cannot serve it."""
+    unreachable = probe(url, fs, base)
+    if unreachable is not None:
+        raise StoreUnreachableError(str(unreachable))
 
 
 @dataclass
@@ -156,6 +170,15 @@ class _Uploader:
         _retry(lambda: self.fs.put_file(str(self.local / rel), path, **extra), path)
 
 
+def _shard_shas(meta: dict[str, Any], shas: dict[str, str]) -> dict[str, str]:
+    """The SHA-256 of every shard file that `meta`'s shard table names (staging checks them)."""
+    fmt = get_format(str(meta.get("format")))
+    if fmt is None:
+        return {}
+    names = [str(shard["name"]) for shard in meta.get("shards", [])]
+    return {rel: shas[rel] for name in names for rel in fmt.shard_files(name) if rel in shas}
+
+
 def _protocols(fs: Any) -> list[str]:
     protocol = fs.protocol
     return [protocol] if isinstance(protocol, str) else list(protocol)
@@ -186,6 +209,7 @@ def publish(
 
     Raises:
         OutputExistsError: a dataset is published at `url` and neither flag allows it.
+        StoreUnreachableError: the store cannot be reached, is not S3, or lacks the bucket.
         UploadError: an object failed after retries (nothing published).
     """
     say = log or (lambda msg: print(msg, file=sys.stderr))
@@ -193,6 +217,7 @@ def publish(
     meta = json.loads((local / META_NAME).read_text(encoding="utf-8"))
     prefix = generation_prefix(meta)
     result = UploadResult(url=url, prefix=prefix)
+    check_store(url, fs, base)
     old = read_remote_meta(fs, base)
     if old is not None and not overwrite:
         if resume and old.get(DATA_PREFIX_FIELD) == prefix:
@@ -232,6 +257,7 @@ def publish(
     result.sent.sort()
     published = dict(meta)
     published[DATA_PREFIX_FIELD] = prefix
+    published[SHARD_DIGESTS_FIELD] = _shard_shas(meta, shas)
     if source is not None:
         published["source"] = source
     body = (json.dumps(published, ensure_ascii=False, indent=2) + "\n").encode()

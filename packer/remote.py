@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.mirror import mirror_source
-from packer.publish import UploadResult, publish, read_remote_meta
+from packer.publish import UploadResult, check_store, publish, read_remote_meta
 from readers.files import DATASET_FILES
 from readers.formats.layout import META_NAME
 from readers.remote import filesystem
@@ -75,12 +75,13 @@ def build_remote(
     """
     local_src = Path(src)
     mirror = None
-    if out_is_url and not overwrite and not resume:
+    if out_is_url:  # before building: the store must be there to take the result
         fs, base = filesystem(out)
-        if read_remote_meta(fs, base) is not None:
-            from packer.errors import OutputExistsError
+        check_store(out, fs, base)
+    if out_is_url and not overwrite and not resume and read_remote_meta(fs, base) is not None:
+        from packer.errors import OutputExistsError
 
-            raise OutputExistsError(out)
+        raise OutputExistsError(out)
     if src_is_url:
         mirror = _slot("src", src) / (src.rstrip("/").rsplit("/", 1)[-1] or "src")
         count = mirror_source(src, mirror)
@@ -150,14 +151,20 @@ def verify_url(url: str, *, deep: bool) -> list[str]:
 
     Staging checks each shard's size against meta.json and the index's SHA-256; verify then
     re-reads every record. Problems name the URL, not the temporary copy.
+
+    Raises:
+        StorageUnreachableError: the store cannot be reached, is not S3, or lacks the bucket.
     """
     from packer.verify import verify
     from readers.errors import ReaderError
+    from readers.remote.errors import StorageUnreachableError
     from readers.staging import stage
 
     with tempfile.TemporaryDirectory(prefix="packer-verify-") as tmp:
         try:
             root = stage(url, Path(tmp) / "cache", hold=False)
+        except StorageUnreachableError:
+            raise  # not a problem of the dataset: the command fails (packer: error: ...)
         except ReaderError as exc:
             return [str(exc)]
         problems = verify(root, deep=deep)

@@ -261,13 +261,16 @@ class RemoteObjects:
                     # over about 45 s); more attempts here would only multiply that.
                     raise RemoteReadError(
                         f"{obj.url}: bytes {begin}..{end}: the store kept throttling the "
-                        f"requests (HTTP 503 SlowDown) through the client's retries ({exc}); "
-                        "read with fewer DataLoader workers or ranks, or retry later"
+                        "requests (HTTP 503 SlowDown) through the client's retries "
+                        f"({_text(exc)}); read with fewer DataLoader workers or ranks, or retry "
+                        "later"
                     ) from exc
                 if not is_retryable(exc):
-                    self.check_unchanged(shard, f"a read of bytes {begin}..{end} failed ({exc})")
+                    self.check_unchanged(
+                        shard, f"a read of bytes {begin}..{end} failed ({_text(exc)})"
+                    )
                     raise RemoteReadError(
-                        f"{obj.url}: bytes {begin}..{end} could not be read ({exc!r})"
+                        f"{obj.url}: bytes {begin}..{end} could not be read ({_text(exc, repr)})"
                     ) from exc
                 last = exc
                 continue
@@ -277,20 +280,29 @@ class RemoteObjects:
             self.check_unchanged(shard, f"a read of bytes {begin}..{end} got {len(piece)} bytes")
         raise RemoteReadError(
             f"{obj.url}: bytes {begin}..{end} could not be read in {ATTEMPTS} attempts, each "
-            f"with the client's own retries (the last: {last!r}); check the connection to the "
-            "object store and retry"
+            f"with the client's own retries (the last: {_text(last, repr)}); check the "
+            "connection to the object store and retry"
         ) from last
+
+
+def _text(exc: BaseException | None, form: Any = str) -> str:
+    """`exc` as text for a message, without URL query strings (a presigned URL's secrets)."""
+    from readers.remote.errors import redact
+
+    return redact(form(exc))
 
 
 def credentials_error(url: str, exc: BaseException) -> RemoteCredentialsError:
     """Return the error that says the credentials for `url` failed and what to do."""
     if _expired(exc):
         return RemoteCredentialsError(
-            f"{url}: access refused, the credentials expired ({exc}); refresh AWS credentials "
-            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and reopen the dataset"
+            f"{url}: access refused, the credentials expired ({_text(exc)}); refresh AWS "
+            "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and reopen "
+            "the dataset"
         )
     return RemoteCredentialsError(
-        f"{url}: access refused ({exc}); check the AWS credentials and the object's permissions"
+        f"{url}: access refused ({_text(exc)}); check the AWS credentials and the object's "
+        "permissions"
     )
 
 

@@ -9,7 +9,10 @@ reads itself, or from ``storage_options`` (passed to the fsspec filesystem, e.g.
 ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}``).
 
 A published dataset is `RemoteDataset` (``readers/remote/dataset.py``): its ``meta.json`` is
-what makes it exist; the rest lies under the prefix that meta.json names.
+what makes it exist; the rest lies under the prefix that meta.json names. A store that cannot
+serve a URL at all (no connection, not S3, no such bucket) raises
+`readers.remote.errors.StorageUnreachableError`, one line naming the URL, the endpoint and the fix;
+no error text carries a credential or a URL's query string (`readers.remote.errors.redact`).
 """
 
 from __future__ import annotations

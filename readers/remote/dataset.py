@@ -24,11 +24,16 @@ from typing import IO, Any
 from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
 from readers.remote import DatasetNotFoundError, filesystem, join_url, read_small
+from readers.remote.errors import endpoint_of, probe, storage_failure
 
-__all__ = ["DATA_PREFIX_FIELD", "RemoteDataset"]
+__all__ = ["DATA_PREFIX_FIELD", "SHARD_DIGESTS_FIELD", "RemoteDataset", "shard_digests"]
 
 DATA_PREFIX_FIELD = "data_prefix"
 """The meta.json field (object storage only) naming the prefix that holds the other files."""
+SHARD_DIGESTS_FIELD = "shard_sha256"
+"""The meta.json field (written by publishing) mapping each shard file's dataset-relative path
+(``shard-00000/data.mdb``, ``shard-00000.rec``) to the hex SHA-256 of its bytes; staging checks
+every copy against it. Datasets published without it are staged as before (sizes, ETags)."""
 
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -42,6 +47,7 @@ class RemoteDataset:
 
     Raises:
         DatasetNotFoundError: no meta.json at `url` (nothing there, or an unfinished upload).
+        StorageUnreachableError: the store cannot be reached, is not S3, or has no such bucket.
         DatasetFormatError: meta.json is not a JSON object, or names an unusable prefix.
         StorageExtraMissingError: fsspec/s3fs are not installed.
     """
@@ -54,9 +60,15 @@ class RemoteDataset:
         try:
             self.meta_bytes: bytes = read_small(self.fs, meta_path)
         except FileNotFoundError:
-            raise DatasetNotFoundError(self.url) from None
+            # no meta.json, or no bucket, or a server that is not S3: ask the store which
+            raise probe(self.url, self.fs, self.path) or DatasetNotFoundError(self.url) from None
         except IsADirectoryError:
             raise DatasetNotFoundError(self.url, "meta.json is a prefix") from None
+        except Exception as exc:
+            unreachable = storage_failure(exc, self.url, endpoint_of(self.fs))
+            if unreachable is None:
+                raise
+            raise unreachable from None
         try:
             meta = json.loads(self.meta_bytes)
         except ValueError as exc:
@@ -108,3 +120,11 @@ class RemoteDataset:
         """Bytes ``start..end-1`` of the object `rel`, in one ranged GET."""
         data: bytes = self.fs.cat_file(self.object_path(rel), start=start, end=end)
         return data
+
+
+def shard_digests(meta: dict[str, Any]) -> dict[str, str]:
+    """The ``SHARD_DIGESTS_FIELD`` map of `meta` (empty when absent or not a map of strings)."""
+    digests = meta.get(SHARD_DIGESTS_FIELD)
+    if not isinstance(digests, dict):
+        return {}
+    return {str(k): v.lower() for k, v in digests.items() if isinstance(v, str)}

@@ -13,7 +13,8 @@ Only a 206 answer whose ``Content-Range`` starts and ends where asked is used. A
 (403 for expired credentials, 404, 412, 503 SlowDown, ...) raises `DirectRefused` without its
 body being read, and the caller sends that request through s3fs, whose retries and error
 translation then decide; the object's URL is presigned again after such an answer, and always
-before it is `RESIGN_S` old. A broken or short body is the caller's to retry, like one from s3fs.
+before it is `RESIGN_S` old. A broken or short body is the caller's to retry, like one from s3fs;
+a transfer error is raised as `DirectTransferError`, whose text holds no presigned URL.
 A filesystem that adds parameters to its requests (requester pays, SSE-C keys, versions, any
 ``s3_additional_kwargs``) is not served: `DirectGets.for_fs` returns None.
 """
@@ -25,7 +26,7 @@ import re
 import time
 from typing import Any
 
-__all__ = ["DirectGets", "DirectRefused"]
+__all__ = ["DirectGets", "DirectRefused", "DirectTransferError"]
 
 EXPIRES_S = 3600
 """How long a presigned URL is valid (its signature's ``X-Amz-Expires``)."""
@@ -38,6 +39,15 @@ _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 class DirectRefused(Exception):  # not an error: the request is then made through s3fs
     """The store answered a direct GET with something else than the range: ask s3fs instead."""
+
+
+class DirectTransferError(ConnectionError):
+    """A direct GET failed in transfer (a lost connection, a timeout), told without its URL.
+
+    The client's errors carry the presigned URL (its signature, access key id and session
+    token); this one carries the error's type and its text with every URL's query string
+    removed, and chains to nothing.
+    """
 
 
 class DirectGets:
@@ -81,7 +91,8 @@ class DirectGets:
 
         Raises:
             DirectRefused: the store answered otherwise than with that range.
-            Exception: a transfer error of aiohttp (a lost connection, a timeout).
+            DirectTransferError: a transfer error (a lost connection, a timeout), without the
+                presigned URL in its text.
         """
         from fsspec.asyn import sync
 
@@ -117,6 +128,20 @@ class DirectGets:
             "GET", url, {"Range": f"bytes={begin}-{end - 1}"}, None, stream_output=True
         )
         self.sent += 1
+        try:
+            return await self._send(session, request, path, begin, end)
+        except DirectRefused:
+            raise
+        except Exception as exc:
+            from readers.remote.errors import redact
+
+            error = DirectTransferError(f"{type(exc).__name__}: {redact(str(exc))}")
+        raise error  # outside the handler: no __context__ holding the presigned URL
+
+    async def _send(
+        self, session: Any, request: Any, path: str, begin: int, end: int
+    ) -> list[bytes]:
+        """Send `request` over `session`; the body's chunks, or `DirectRefused`."""
         response = await session.send(request)
         raw = response.raw
         content: Any = getattr(raw, "content", None)

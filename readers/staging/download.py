@@ -30,6 +30,7 @@ from readers.io.ranges import (
     RemoteReadError,
     credentials_error,
 )
+from readers.remote.errors import redact
 from readers.staging.files import Progress, StagingError
 
 __all__ = ["SHA_METADATA", "THREADS", "download", "supports"]
@@ -85,7 +86,7 @@ def download(
     except PermissionError as exc:
         raise credentials_error(where, exc) from exc
     except (FileNotFoundError, RemoteReadError) as exc:
-        raise StagingError(f"{where}: cannot be staged ({exc})") from exc
+        raise StagingError(f"{where}: cannot be staged ({redact(str(exc))})") from exc
     size = objects.objects[0].size
     digest = hashlib.sha256() if sha_expected and crc_expected is None else None
     crc = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -89,20 +90,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def crc_file(path: Path, progress: Progress | None = None) -> int:
-    """The CRC-32 of a whole file."""
+def crc_file(path: Path, progress: Progress | None = None, digest: Any = None) -> int:
+    """The CRC-32 of a whole file (`digest`, a hashlib object, is fed the same bytes)."""
     crc = 0
     with open(path, "rb") as f:
         while block := f.read(BLOCK):
             crc = zlib.crc32(block, crc)
+            if digest is not None:
+                digest.update(block)
             if progress is not None:
                 progress(len(block))
     return crc
 
 
 def copy_checked(
-    origin: Origin, rel: str, dst: Path, progress: Progress | None = None
-) -> dict[str, int]:
+    origin: Origin, rel: str, dst: Path, progress: Progress | None = None, *, sha256: bool = False
+) -> dict[str, Any]:
     """Copy the file `rel` of `origin` to the new file `dst`, checked.
 
     A local origin's file is reached through no symbolic link; `dst` is fsynced, re-read and
@@ -111,7 +114,8 @@ def copy_checked(
     The copy's permissions are at most the origin's (and the umask's), never executable: a
     file only its owner may read stays so in a shared cache.
 
-    Returns ``{"size": ..., "crc32": ...}`` of the bytes read from the origin.
+    Returns ``{"size": ..., "crc32": ...}`` of the bytes read from the origin, and with
+    `sha256` their ``"sha256"`` (hex, computed as the copy is re-read).
 
     Raises:
         NotRegularFileError: the origin is a link, a FIFO, a device...; StagingError: the copy
@@ -139,13 +143,16 @@ def copy_checked(
                     progress(len(block))
             fout.flush()
             os.fsync(fout.fileno())
-            copied = crc_file(dst)
+            digest = hashlib.sha256() if sha256 else None
+            copied = crc_file(dst, digest=digest)
             if copied != crc or os.fstat(fd).st_size != size:
                 raise StagingError(
                     f"{dst}: copy of {origin.where(rel)} reads back with CRC-32 {copied:08x}, "
                     f"expected {crc:08x} (local disk or memory error?)"
                 )
             os.fchmod(fd, os.fstat(fd).st_mode & origin_mode)
+    if digest is not None:
+        return {"size": size, "crc32": crc, "sha256": digest.hexdigest()}
     return {"size": size, "crc32": crc}
 
 

@@ -6,7 +6,8 @@ removed once nobody uses them.
 
 Only the files the dataset names are staged (``DATASET_FILES`` and the shard files of the shard
 table), each a regular file reached through no symbolic link: anything else planted in the
-origin is neither copied nor followed.
+origin is neither copied nor followed. A shard file whose SHA-256 meta.json records (a
+published dataset's ``shard_sha256``) must have it once copied, else staging fails naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from readers.files import DATASET_FILES, NotRegularFileError
 from readers.formats import FORMATS, get_format
 from readers.formats.layout import INDEX_NAME, META_NAME
+from readers.remote.dataset import shard_digests
 from readers.staging import cache
 from readers.staging.cache import STAGING, ShardSlot
 from readers.staging.files import (
@@ -139,6 +141,8 @@ class Stager:
                     "dataset complete? (packer verify)"
                 ) from None
         self.total_bytes = sum(sum(v.values()) for v in self.sizes.values())
+        # the SHA-256 of each shard file, recorded when the dataset was published
+        self.digests = shard_digests(self.meta)
 
     def run(self) -> StageResult:
         """Stage every shard that fits; return what was done."""
@@ -261,7 +265,7 @@ class Stager:
     def _copy(self, slot: ShardSlot) -> None:
         name = slot.name
         before = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
-        files: dict[str, dict[str, int]] = {}
+        files: dict[str, dict[str, Any]] = {}
         temporaries = []
         for entry in self.entries[name]:
             tmp = slot.data / f"{entry}{TMP_MARK}{os.getpid()}"
@@ -272,14 +276,23 @@ class Stager:
                 for rel in inside:
                     inner = Path(*Path(rel).parts[1:])
                     (tmp / inner).parent.mkdir(parents=True, exist_ok=True)
-                    files[rel] = copy_checked(self.source, rel, tmp / inner, self.progress)
+                    files[rel] = self._copy_file(rel, tmp / inner)
                 fsync_dir(tmp)
             else:
-                files[entry] = copy_checked(self.source, entry, tmp, self.progress)
+                files[entry] = self._copy_file(entry, tmp)
         self._check_unchanged(f"shard {name}")  # a rebuild first: the likelier cause
         after = {rel: self.source.stamp(rel) for rel in self.sizes[name]}
         if after != before:
             raise StagingError(f"{self.origin}: shard {name} changed while it was copied")
+        for rel, record in files.items():
+            want, got = self.digests.get(rel), record.pop("sha256", None)
+            if want is not None and got != want:
+                raise StagingError(
+                    f"{self.source.where(rel)}: the staged bytes' SHA-256 differs from the one "
+                    f"{META_NAME} recorded when the dataset was published: shard {name} was "
+                    "replaced or altered since. Check it (packer verify) and publish the "
+                    "dataset again (packer build ... --overwrite)"
+                )
         for tmp, final in temporaries:
             os.rename(tmp, final)
         fsync_dir(slot.data)
@@ -293,6 +306,12 @@ class Stager:
             },
         )
         self._flip_links(slot)
+
+    def _copy_file(self, rel: str, dst: Path) -> dict[str, Any]:
+        """Copy the shard file `rel` to `dst`, with its SHA-256 when meta.json records one."""
+        if rel in self.digests:
+            return copy_checked(self.source, rel, dst, self.progress, sha256=True)
+        return copy_checked(self.source, rel, dst, self.progress)
 
     def _intact(self, slot: ShardSlot, manifest: dict[str, Any]) -> bool:
         """Say whether the staged copy of `slot` can be used.

@@ -3,8 +3,8 @@
 The proxy forwards every request to the server and, for GETs of objects whose key holds
 `FaultProxy.match`, applies the armed fault `count` times: ``drop`` (the connection closes
 after half the body), ``slowdown`` (HTTP 503 SlowDown), ``truncate`` (a short body with a
-matching Content-Length), ``alter`` (the body with its middle byte flipped) or ``expired`` (HTTP 403
-ExpiredToken).
+matching Content-Length), ``alter`` (the body with its middle byte flipped), ``expired`` (HTTP 403
+ExpiredToken) or ``hangup`` (the connection closes before any answer).
 """
 
 from __future__ import annotations
@@ -95,13 +95,20 @@ class FaultProxy:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                early = proxy.mode == "hangup"  # decided before the request is forwarded
+                fault = proxy._take(self.command, self.path) if early else None
+                if fault == "hangup":
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 conn.close()
-                fault = proxy._take(self.command, self.path)
+                if not early:
+                    fault = proxy._take(self.command, self.path)
                 status, out_headers = resp.status, resp.getheaders()
                 if fault in ("slowdown", "expired"):
                     code, message, status = (
