@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from packer.clitools import refuse_urls
 from readers.errors import ReaderError
 from readers.remote import StorageExtraMissingError
 from readers.staging import Stager, StageResult, parse_size
@@ -83,6 +84,7 @@ def stage_command(
     """Copy OUT into DIR once per machine (checked, atomic); print the staged directory."""
     from tqdm import tqdm
 
+    refuse_urls("stage", outputs=(cache_dir,))
     try:
         cache_limit = parse_size(limit)
         stager = Stager(out, cache_dir, cache_limit=cache_limit, check=check, hold=False)
