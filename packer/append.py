@@ -27,12 +27,18 @@ from typing import Any
 from packer import __version__
 from packer.build import _jsonl, _output_options, run_engine, temp_dir_for
 from packer.config import BuildConfig
-from packer.errors import ConfigError, InputError, NotADatasetError, PackerError
+from packer.errors import (
+    ConfigError,
+    DatasetMissingError,
+    InputError,
+    NotADatasetError,
+    PackerError,
+)
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
 from packer.labels.classmap import remap_label, unite_classes
-from packer.output import build_lock, check_output, check_replaceable
+from packer.output import build_lock, check_output, check_replaceable, meta_problem
 from packer.plan import ShardPlan, plan_digest, plan_shards, save_plan, source_sizes
 from packer.problems import DUPLICATE, Problem
 from packer.records import Entry
@@ -95,18 +101,33 @@ def _checkpoint(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def read_dataset(out: Path) -> dict[str, Any]:
-    """The meta.json of the dataset OUT that an append, merge or split reads.
+def read_dataset(out: Path, role: str = "OUT") -> dict[str, Any]:
+    """The meta.json of the dataset `out` that an append (``OUT``), merge or split reads.
+
+    `role` names it in messages: ``OUT`` is the dataset an append replaces (so it must be
+    replaceable, `packer.output.check_replaceable`); another role (``SRC``) is only read.
 
     Raises:
-        NotADatasetError: OUT is missing or not a packer dataset.
+        DatasetMissingError: nothing is at `out`.
+        NotADatasetError: `out` is not a packer dataset (OUT).
+        PackerError: `out` is not a packer dataset (another role).
     """
-    if not out.is_dir():
-        raise NotADatasetError(str(out), "does not exist" if not out.exists() else "is a file")
-    check_replaceable(out)
+    if not out.exists() and not out.is_symlink():
+        hint = "packer append adds to a dataset that packer build wrote" if role == "OUT" else ""
+        raise DatasetMissingError(role, str(out), hint)
+    if role == "OUT":
+        if not out.is_dir():
+            raise NotADatasetError(str(out), "is a file")
+        check_replaceable(out)
+    else:
+        problem = "is not a directory" if not out.is_dir() else meta_problem(out)
+        if problem is not None:
+            raise PackerError(f"{role} {out} {problem}; expected a dataset that packer wrote")
     try:
         return load_meta(out)
     except Exception as exc:  # a DatasetFormatError: not something we can add to
+        if role != "OUT":
+            raise PackerError(f"{role} {out} has an unusable {META_NAME} ({exc})") from None
         raise NotADatasetError(str(out), f"has an unusable {META_NAME} ({exc})") from None
 
 
