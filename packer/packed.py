@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -74,13 +75,19 @@ def load_pinned(root: Path, extra: tuple[str, ...]) -> DatasetIndex:
         except OSError:  # no meta.json: load_index says so
             return load_index(root, extra=extra)
         last = attempt == PIN_ATTEMPTS - 1
-        try:
-            index = load_index(root, extra=extra)
-        except DatasetFormatError:
-            if last or _unchanged(identity):
-                raise
-            continue  # meta.json and the index were read from different builds
+        with warnings.catch_warnings(record=True) as said:  # only the kept load's count
+            warnings.simplefilter("always")
+            try:
+                index = load_index(root, extra=extra)
+            except DatasetFormatError:
+                if last or _unchanged(identity):
+                    raise
+                continue  # meta.json and the index were read from different builds
         if _unchanged(identity):
+            for warning in said:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
             return index
         if last:
             identity.check_meta()  # raises DatasetRebuiltError
