@@ -164,8 +164,11 @@ def append_config(out: Path, src: Path, meta: dict[str, Any], **given: Any) -> B
     OUT was built with, so new images are packed like the old ones.
 
     Raises:
+        DatasetMissingError: SRC does not exist.
         ConfigError: a given option is invalid, or ``format`` is not OUT's.
     """
+    if not src.exists() and not src.is_symlink():
+        raise DatasetMissingError("SRC", str(src), "packer append adds the images of a directory")
     options = dict(meta.get("options") or {})
     fmt = str(meta["format"])
     if given.get("format") not in (None, fmt):
@@ -181,8 +184,8 @@ def append_config(out: Path, src: Path, meta: dict[str, Any], **given: Any) -> B
             short=short,
             fit=fit,
             encode=str(look["encode"] or "keep"),
-            quality=int(look["quality"] or 95),
-            max_pixels=int(look["max_pixels"]) if look["max_pixels"] else None,
+            quality=95 if look["quality"] is None else int(look["quality"]),
+            max_pixels=None if look["max_pixels"] is None else int(look["max_pixels"]),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
