@@ -79,9 +79,34 @@ class AppendSummary:
     new_classes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    already_complete: bool = False  # the same SRC was appended before (a retry)
+    src: Path | None = None
+    created: str = ""
+
+    @classmethod
+    def of_complete(
+        cls, out: Path, src: Path, record: dict[str, Any], seconds: float
+    ) -> AppendSummary:
+        """The summary of an append found done already (`record`: its entry in meta.json)."""
+        first, count = int(record.get("first_id", 0)), int(record.get("num_samples", 0))
+        return cls(
+            out=out,
+            appended=count,
+            first_id=first,
+            seconds=seconds,
+            already_complete=True,
+            src=src,
+            created=str(record.get("created") or "an earlier run"),
+        )
 
     def line(self) -> str:
         """Return the one-line summary that ``packer append`` prints."""
+        if self.already_complete:
+            return (
+                f"{self.out} already holds {self.src}: appended at {self.created} as ids "
+                f"{self.first_id}..{self.first_id + self.appended - 1} from the same files, "
+                "sizes, labels and options: nothing to do"
+            )
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.reasons.items()))
         skipped = f"skipped {self.skipped}" + (
             f" ({reasons}; see {ERRORS_NAME})" if reasons else ""
@@ -248,6 +273,30 @@ def _drop_duplicates(
     return kept, dupes
 
 
+def _appended_before(
+    out: Path,
+    meta: dict[str, Any],
+    digest: str,
+    entries: list[Entry],
+    old_paths: dict[str, int],
+) -> dict[str, Any] | None:
+    """The record of an append of this very SRC that OUT holds already, or None.
+
+    It is the same SRC when an earlier append recorded the same ``source_digest`` (every
+    file's path, size and label, and the options that decide the bytes: what ``build
+    --resume`` compares) and every path of SRC is in OUT's index (or was skipped by it, in
+    errors.jsonl).
+    """
+    history = (meta.get("options") or {}).get("appended") or []
+    record = next((h for h in reversed(history) if h.get("source_digest") == digest), None)
+    if record is None:
+        return None
+    skipped = {str(json.loads(line).get("path")) for line in _lines(out / ERRORS_NAME)}
+    if any(e.file.rel not in old_paths and e.file.rel not in skipped for e in entries):
+        return None
+    return dict(record)
+
+
 def _link_old_shards(out: Path, tmp: Path, meta: dict[str, Any]) -> bool:
     """Hard-link OUT's shards into `tmp`; True when none had to be copied.
 
@@ -306,7 +355,12 @@ def _append(
     entries, problems, classes, new_classes = _plan_entries(
         cfg, meta, grow=grow, exclude=(str(out), str(tmp))
     )
-    entries, dupes = _drop_duplicates(entries, _index_paths(out), out)
+    old_paths = _index_paths(out)
+    source_digest = plan_digest(entries, source_sizes(entries), _output_options(cfg))
+    done = _appended_before(out, meta, source_digest, entries, old_paths)
+    if done is not None:
+        return AppendSummary.of_complete(out, cfg.src, done, time.perf_counter() - started)
+    entries, dupes = _drop_duplicates(entries, old_paths, out)
     problems = sorted(problems + dupes, key=lambda p: p.path)
     if problems and cfg.on_error == "fail":
         raise InputError(problems[0].path, problems[0].reason, problems[0].message)
@@ -360,6 +414,7 @@ def _append(
                 "num_samples": added,
                 "first_shard": old_shards,
                 "new_classes": new_classes,
+                "source_digest": source_digest,
                 "options": cfg.options(),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
