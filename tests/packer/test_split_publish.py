@@ -88,6 +88,25 @@ def test_kill_9_between_parts_leaves_the_old_split(source: Path, tmp_path: Path)
     check_parts(parts, source, seed=2)
 
 
+def test_kill_9_amid_putting_parts_in_place_is_seen_by_verify(source: Path, tmp_path: Path) -> None:
+    """The one moment a kill can leave two splits' parts: verify names the mismatch."""
+    parts = tmp_path / "parts"
+    assert runner.invoke(app, split_args(source, parts, 1)).exit_code == 0
+    cmd = [sys.executable, "-m", "packer.cli", *split_args(source, parts, 2), "--overwrite"]
+    env = {**os.environ, KILL_AT_ENV: "published"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    for name, other in (("train", "val"), ("val", "train")):
+        result = runner.invoke(app, ["verify", str(parts / name)])
+        assert result.exit_code == 1, result.output
+        assert f"split part '{other}' beside it, {parts / other}, is of another split" in (
+            result.output
+        )
+        assert "seed 1, here 2" in result.output or "seed 2, here 1" in result.output
+    assert runner.invoke(app, [*split_args(source, parts, 2), "--overwrite"]).exit_code == 0
+    check_parts(parts, source, seed=2)  # verify agrees again
+
+
 def test_a_bad_later_destination_is_found_before_anything_is_written(
     source: Path, tmp_path: Path
 ) -> None:
