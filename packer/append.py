@@ -7,6 +7,11 @@ index lines followed by the new ones, and a new meta.json. It then takes OUT's p
 ``renameat2(RENAME_EXCHANGE)`` (`packer.swap`), so the path OUT names the old dataset or the
 new one at every moment, whatever is killed when; the old directory, now at the hidden name,
 is removed last (by the next append or build if a kill comes first).
+
+Each append is recorded in meta.json (``options.appended``) with a digest of SRC as planned
+(every file's path, size and label, and the byte-deciding options, as ``build --resume``
+compares them); the same append run again, once it is in, is found complete and changes
+nothing.
 """
 
 from __future__ import annotations

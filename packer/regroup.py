@@ -9,7 +9,9 @@ sources' shards (unless ``--shard-size`` asks for new ones) and unites the class
 first dataset's keep their ids, names new in a later one get the next ids; each source's old ->
 new id table is recorded in meta.json); a split assigns every id of a dataset to exactly one
 part, by a seeded permutation (per label when stratified) and largest-remainder counts, so the
-parts are disjoint, together complete, and the same for the same seed.
+parts are disjoint, together complete, and the same for the same seed. A split's parts are
+checked, written aside and put in place together (`packer.splitting`). Both read a source's
+class names from the meta.json of the build whose index they read (`packer.packed.load_pinned`).
 """
 
 from __future__ import annotations
