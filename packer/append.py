@@ -7,6 +7,11 @@ index lines followed by the new ones, and a new meta.json. It then takes OUT's p
 ``renameat2(RENAME_EXCHANGE)`` (`packer.swap`), so the path OUT names the old dataset or the
 new one at every moment, whatever is killed when; the old directory, now at the hidden name,
 is removed last (by the next append or build if a kill comes first).
+
+Each append is recorded in meta.json (``options.appended``) with a digest of SRC as planned
+(every file's path, size and label, and the byte-deciding options, as ``build --resume``
+compares them); the same append run again, once it is in, is found complete and changes
+nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +32,18 @@ from typing import Any
 from packer import __version__
 from packer.build import _jsonl, _output_options, run_engine, temp_dir_for
 from packer.config import BuildConfig
-from packer.errors import ConfigError, InputError, NotADatasetError, PackerError
+from packer.errors import (
+    ConfigError,
+    DatasetMissingError,
+    InputError,
+    NotADatasetError,
+    PackerError,
+)
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
 from packer.labels.classmap import remap_label, unite_classes
-from packer.output import build_lock, check_output, check_replaceable
+from packer.output import build_lock, check_output, check_replaceable, meta_problem
 from packer.plan import ShardPlan, plan_digest, plan_shards, save_plan, source_sizes
 from packer.problems import DUPLICATE, Problem
 from packer.records import Entry
@@ -73,9 +84,34 @@ class AppendSummary:
     new_classes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    already_complete: bool = False  # the same SRC was appended before (a retry)
+    src: Path | None = None
+    created: str = ""
+
+    @classmethod
+    def of_complete(
+        cls, out: Path, src: Path, record: dict[str, Any], seconds: float
+    ) -> AppendSummary:
+        """The summary of an append found done already (`record`: its entry in meta.json)."""
+        first, count = int(record.get("first_id", 0)), int(record.get("num_samples", 0))
+        return cls(
+            out=out,
+            appended=count,
+            first_id=first,
+            seconds=seconds,
+            already_complete=True,
+            src=src,
+            created=str(record.get("created") or "an earlier run"),
+        )
 
     def line(self) -> str:
         """Return the one-line summary that ``packer append`` prints."""
+        if self.already_complete:
+            return (
+                f"{self.out} already holds {self.src}: appended at {self.created} as ids "
+                f"{self.first_id}..{self.first_id + self.appended - 1} from the same files, "
+                "sizes, labels and options: nothing to do"
+            )
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.reasons.items()))
         skipped = f"skipped {self.skipped}" + (
             f" ({reasons}; see {ERRORS_NAME})" if reasons else ""
@@ -95,18 +131,33 @@ def _checkpoint(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def read_dataset(out: Path) -> dict[str, Any]:
-    """The meta.json of the dataset OUT that an append, merge or split reads.
+def read_dataset(out: Path, role: str = "OUT") -> dict[str, Any]:
+    """The meta.json of the dataset `out` that an append (``OUT``), merge or split reads.
+
+    `role` names it in messages: ``OUT`` is the dataset an append replaces (so it must be
+    replaceable, `packer.output.check_replaceable`); another role (``SRC``) is only read.
 
     Raises:
-        NotADatasetError: OUT is missing or not a packer dataset.
+        DatasetMissingError: nothing is at `out`.
+        NotADatasetError: `out` is not a packer dataset (OUT).
+        PackerError: `out` is not a packer dataset (another role).
     """
-    if not out.is_dir():
-        raise NotADatasetError(str(out), "does not exist" if not out.exists() else "is a file")
-    check_replaceable(out)
+    if not out.exists() and not out.is_symlink():
+        hint = "packer append adds to a dataset that packer build wrote" if role == "OUT" else ""
+        raise DatasetMissingError(role, str(out), hint)
+    if role == "OUT":
+        if not out.is_dir():
+            raise NotADatasetError(str(out), "is a file")
+        check_replaceable(out)
+    else:
+        problem = "is not a directory" if not out.is_dir() else meta_problem(out)
+        if problem is not None:
+            raise PackerError(f"{role} {out} {problem}; expected a dataset that packer wrote")
     try:
         return load_meta(out)
     except Exception as exc:  # a DatasetFormatError: not something we can add to
+        if role != "OUT":
+            raise PackerError(f"{role} {out} has an unusable {META_NAME} ({exc})") from None
         raise NotADatasetError(str(out), f"has an unusable {META_NAME} ({exc})") from None
 
 
@@ -143,8 +194,11 @@ def append_config(out: Path, src: Path, meta: dict[str, Any], **given: Any) -> B
     OUT was built with, so new images are packed like the old ones.
 
     Raises:
+        DatasetMissingError: SRC does not exist.
         ConfigError: a given option is invalid, or ``format`` is not OUT's.
     """
+    if not src.exists() and not src.is_symlink():
+        raise DatasetMissingError("SRC", str(src), "packer append adds the images of a directory")
     options = dict(meta.get("options") or {})
     fmt = str(meta["format"])
     if given.get("format") not in (None, fmt):
@@ -160,8 +214,8 @@ def append_config(out: Path, src: Path, meta: dict[str, Any], **given: Any) -> B
             short=short,
             fit=fit,
             encode=str(look["encode"] or "keep"),
-            quality=int(look["quality"] or 95),
-            max_pixels=int(look["max_pixels"]) if look["max_pixels"] else None,
+            quality=95 if look["quality"] is None else int(look["quality"]),
+            max_pixels=None if look["max_pixels"] is None else int(look["max_pixels"]),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -224,6 +278,30 @@ def _drop_duplicates(
     return kept, dupes
 
 
+def _appended_before(
+    out: Path,
+    meta: dict[str, Any],
+    digest: str,
+    entries: list[Entry],
+    old_paths: dict[str, int],
+) -> dict[str, Any] | None:
+    """The record of an append of this very SRC that OUT holds already, or None.
+
+    It is the same SRC when an earlier append recorded the same ``source_digest`` (every
+    file's path, size and label, and the options that decide the bytes: what ``build
+    --resume`` compares) and every path of SRC is in OUT's index (or was skipped by it, in
+    errors.jsonl).
+    """
+    history = (meta.get("options") or {}).get("appended") or []
+    record = next((h for h in reversed(history) if h.get("source_digest") == digest), None)
+    if record is None:
+        return None
+    skipped = {str(json.loads(line).get("path")) for line in _lines(out / ERRORS_NAME)}
+    if any(e.file.rel not in old_paths and e.file.rel not in skipped for e in entries):
+        return None
+    return dict(record)
+
+
 def _link_old_shards(out: Path, tmp: Path, meta: dict[str, Any]) -> bool:
     """Hard-link OUT's shards into `tmp`; True when none had to be copied.
 
@@ -282,7 +360,12 @@ def _append(
     entries, problems, classes, new_classes = _plan_entries(
         cfg, meta, grow=grow, exclude=(str(out), str(tmp))
     )
-    entries, dupes = _drop_duplicates(entries, _index_paths(out), out)
+    old_paths = _index_paths(out)
+    source_digest = plan_digest(entries, source_sizes(entries), _output_options(cfg))
+    done = _appended_before(out, meta, source_digest, entries, old_paths)
+    if done is not None:
+        return AppendSummary.of_complete(out, cfg.src, done, time.perf_counter() - started)
+    entries, dupes = _drop_duplicates(entries, old_paths, out)
     problems = sorted(problems + dupes, key=lambda p: p.path)
     if problems and cfg.on_error == "fail":
         raise InputError(problems[0].path, problems[0].reason, problems[0].message)
@@ -336,6 +419,7 @@ def _append(
                 "num_samples": added,
                 "first_shard": old_shards,
                 "new_classes": new_classes,
+                "source_digest": source_digest,
                 "options": cfg.options(),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }

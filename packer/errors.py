@@ -73,6 +73,14 @@ class NotADatasetError(PackerError):
         self.out = out
 
 
+class DatasetMissingError(PackerError):
+    """A dataset (or source directory) that a command reads does not exist."""
+
+    def __init__(self, role: str, path: str, hint: str = "") -> None:
+        super().__init__(f"{role} {path} does not exist" + (f"; {hint}" if hint else ""))
+        self.path = path
+
+
 class OutputParentError(PackerError):
     """OUT's parent directory is unusable.
 

@@ -17,9 +17,24 @@ from packer.clitools import check_format as _format
 from packer.clitools import fail as _fail
 from packer.clitools import refuse_urls
 from packer.config import parse_size, usable_cores
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, DatasetMissingError, PackerError
 from readers.errors import ReaderError
 from readers.formats import FORMATS
+
+
+def _size(text: str) -> int:
+    """A ``--shard-size`` value in bytes, which must be a size above 0.
+
+    Raises:
+        ConfigError: not a size, or not above 0; the message names the option.
+    """
+    try:
+        size = parse_size(text)
+    except ConfigError as exc:
+        raise ConfigError(f"--shard-size {text!r}: {exc}") from None
+    if size < 1:
+        raise ConfigError(f"--shard-size {text!r}: expected a size > 0, e.g. 1GiB")
+    return size
 
 
 def convert(
@@ -71,7 +86,7 @@ def convert(
             out=out,
             format=format,
             to=to,
-            shard_size=parse_size(shard_size),
+            shard_size=_size(shard_size),
             decode_check=decode_check,
             on_error=on_error,
             overwrite=overwrite,
@@ -128,7 +143,7 @@ def append(
             read_dataset(out),
             labels=tuple(labels) if labels else None,
             label_depth=label_depth,
-            shard_size=parse_size(shard_size) if shard_size else None,
+            shard_size=_size(shard_size) if shard_size is not None else None,
             workers=workers or usable_cores(),
             decode_check=decode_check,
             on_error=on_error,
@@ -171,11 +186,11 @@ def merge(
         summary = merge_datasets(
             out,
             sources,
-            shard_size=parse_size(shard_size) if shard_size else None,
+            shard_size=_size(shard_size) if shard_size is not None else None,
             overwrite=overwrite,
             resume=resume,
         )
-    except PackerError as exc:
+    except (PackerError, ReaderError) as exc:
         raise _fail(exc) from None
     typer.echo(summary.line())
 
@@ -201,7 +216,7 @@ def split(
         summaries = split_dataset(
             out, into, parse_fractions(parts), seed=seed, stratify=stratify, overwrite=overwrite
         )
-    except PackerError as exc:
+    except (PackerError, ReaderError) as exc:
         raise _fail(exc) from None
     for summary in summaries.values():
         typer.echo(summary.line())
@@ -235,6 +250,9 @@ def dupes(
     if not 0 <= threshold <= MAX_THRESHOLD:
         raise _fail(ConfigError(f"--threshold {threshold}: expected 0..{MAX_THRESHOLD}"))
     try:
+        for path in [out, *(others or [])]:
+            if not path.exists() and not path.is_symlink():
+                raise DatasetMissingError("dataset", str(path))
         report = find_dupes([out, *(others or [])], near=near, threshold=threshold)
     except (PackerError, ReaderError) as exc:
         raise _fail(exc) from None

@@ -99,7 +99,7 @@ def _check_inputs_outside(cfg: BuildConfig, build_dir: Path) -> None:
                 )
 
 
-def _meta_problem(out: Path) -> str | None:
+def meta_problem(out: Path) -> str | None:
     """Why the directory `out` is not a dataset packer wrote, or None when it is one."""
     path = out / META_NAME
     try:
@@ -147,7 +147,7 @@ def check_replaceable(out: Path) -> None:
     with os.scandir(out) as entries:
         if next(entries, None) is None:
             return  # an empty directory holds nothing to lose
-    problem = _meta_problem(out)
+    problem = meta_problem(out)
     if problem is not None:
         raise NotADatasetError(str(out), problem)
 

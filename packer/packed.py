@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -23,8 +24,10 @@ from packer.problems import Problem
 from packer.records import Record
 from packer.writers.batch import RecordBatch
 from readers.columnar import COMPRESSIONS
+from readers.errors import DatasetFormatError, DatasetRebuiltError
 from readers.formats import REGISTRY
-from readers.index import load_index
+from readers.index import DatasetIndex, load_index
+from readers.io.identity import DatasetIdentity, identify_dataset
 from readers.io.readahead import coalesce, willneed
 
 CRC_MISMATCH = "crc_mismatch"
@@ -37,6 +40,8 @@ HINT_AHEAD = 64 << 20
 """Bytes of the batches after the current one hinted to the OS (`PackedRecords.read_ids`)."""
 HINT_PAD = 1 << 10
 """Bytes hinted past each record's stored bytes (a RecordIO record's header and label)."""
+PIN_ATTEMPTS = 3
+"""Loads of an index that `load_pinned` tries while the dataset keeps changing under it."""
 
 
 def _pick(values: list[Any], lo: int, ids: np.ndarray | None) -> list[Any]:
@@ -44,11 +49,59 @@ def _pick(values: list[Any], lo: int, ids: np.ndarray | None) -> list[Any]:
     return values if ids is None else [values[i] for i in (ids - lo).tolist()]
 
 
+def _unchanged(identity: DatasetIdentity) -> bool:
+    try:
+        identity.check_meta()
+    except DatasetRebuiltError:
+        return False
+    return True
+
+
+def load_pinned(root: Path, extra: tuple[str, ...]) -> DatasetIndex:
+    """The index of the dataset at `root` and the meta.json of the same build (``index.meta``).
+
+    An append or ``--overwrite`` build may replace `root` between reading its meta.json and
+    its index; the load counts only when meta.json is, after it, the file it was before
+    (`readers.io.identity`), so the class names, shard table and counts of ``index.meta``
+    belong to the index loaded. Otherwise it is loaded again.
+
+    Raises:
+        DatasetFormatError: the dataset is not usable (as `readers.index.load_index`).
+        DatasetRebuiltError: it changed during each of `PIN_ATTEMPTS` loads.
+    """
+    for attempt in range(PIN_ATTEMPTS):
+        try:
+            identity = identify_dataset(root)
+        except OSError:  # no meta.json: load_index says so
+            return load_index(root, extra=extra)
+        last = attempt == PIN_ATTEMPTS - 1
+        with warnings.catch_warnings(record=True) as said:  # only the kept load's count
+            warnings.simplefilter("always")
+            try:
+                index = load_index(root, extra=extra)
+            except DatasetFormatError:
+                if last or _unchanged(identity):
+                    raise
+                continue  # meta.json and the index were read from different builds
+        if _unchanged(identity):
+            for warning in said:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+            return index
+        if last:
+            identity.check_meta()  # raises DatasetRebuiltError
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 class PackedRecords:
-    """The records of the packer dataset at `root`, as stored."""
+    """The records of the packer dataset at `root`, as stored.
+
+    ``meta`` is the meta.json of the build whose index was loaded (`load_pinned`).
+    """
 
     def __init__(self, root: Path) -> None:
-        index = load_index(root, extra=("width", "height", "channels", "format", "path"))
+        index = load_pinned(root, ("width", "height", "channels", "format", "path"))
         self.root = root
         self.index = index
         self.meta = index.meta

@@ -9,14 +9,18 @@ sources' shards (unless ``--shard-size`` asks for new ones) and unites the class
 first dataset's keep their ids, names new in a later one get the next ids; each source's old ->
 new id table is recorded in meta.json); a split assigns every id of a dataset to exactly one
 part, by a seeded permutation (per label when stratified) and largest-remainder counts, so the
-parts are disjoint, together complete, and the same for the same seed.
+parts are disjoint, together complete, and the same for the same seed. A split's parts are
+checked, written aside and put in place together (`packer.splitting`). Both read a source's
+class names from the meta.json of the build whose index they read (`packer.packed.load_pinned`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,26 +36,51 @@ from packer.packed import PackedRecords, one_by_one
 from packer.plan import plan_shards
 from packer.problems import Problem
 from packer.repack import Item, RepackConfig, RepackSource, repack
+from packer.splitting import PartsPublication, checkpoint
 from packer.writers.batch import RecordBatch
 from packer.writers.reuse import ReusedShard
+
+
+def check_part_name(name: str, text: str) -> None:
+    """Refuse a part name that is not one plain path component of its own.
+
+    Raises:
+        ConfigError: an empty name, ``.``/``..`` or a name starting with ``.`` (hidden names
+            are packer's own: ``.NAME.partial``, ``.NAME.lock``), a path separator, a
+            control character, or more than 255 bytes.
+    """
+    why = None
+    if not name:
+        why = "a part needs a name"
+    elif name.startswith("."):
+        why = "a part name may not start with '.' (packer keeps its unfinished work there)"
+    elif any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        why = "a part name is one directory name: no '/', '\\' or control characters"
+    elif len(name.encode("utf-8", "surrogateescape")) > 255:
+        why = "a part name is at most 255 bytes"
+    if why is not None:
+        raise ConfigError(f"--into {text!r}: {name!r}: {why}; expected e.g. train=0.9,val=0.1")
 
 
 def parse_fractions(text: str) -> dict[str, float]:
     """``train=0.9,val=0.1`` -> ``{"train": 0.9, "val": 0.1}`` (they must sum to 1).
 
     Raises:
-        ConfigError: a part without ``=``, a name used twice or not a plain name, a fraction
-            that is not a number in (0, 1], or fractions that do not add up to 1.
+        ConfigError: a part without ``=``, a name used twice or not a plain name
+            (`check_part_name`), a fraction that is not a number in (0, 1], or fractions that
+            do not add up to 1.
     """
     parts: dict[str, float] = {}
     for item in (p.strip() for p in text.split(",") if p.strip()):
         name, eq, value = item.partition("=")
         name = name.strip()
-        if not eq or not name or name in (".", "..") or "/" in name or name in parts:
+        if not eq:
             raise ConfigError(
-                f"--into {text!r}: {item!r} is not NAME=FRACTION with a new plain name; "
-                "expected e.g. train=0.9,val=0.1"
+                f"--into {text!r}: {item!r} is not NAME=FRACTION; expected e.g. train=0.9,val=0.1"
             )
+        check_part_name(name, text)
+        if name in parts:
+            raise ConfigError(f"--into {text!r}: the part {name!r} is named twice")
         try:
             fraction = float(value)
         except ValueError:
@@ -64,6 +93,18 @@ def parse_fractions(text: str) -> dict[str, float]:
             f"--into {text!r}: the fractions add up to {sum(parts.values()):g}; expected 1"
         )
     return parts
+
+
+def check_seed(seed: int) -> None:
+    """Refuse a seed that is not a whole number >= 0 (`numpy.random.default_rng` takes those)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed {seed}: expected a whole number >= 0")
+
+
+def check_shard_size(shard_size: int | None) -> None:
+    """Refuse a ``--shard-size`` that is given but not positive."""
+    if shard_size is not None and shard_size < 1:
+        raise ConfigError(f"--shard-size {shard_size}: expected a size > 0, e.g. 1GiB")
 
 
 def split_counts(total: int, fractions: list[float]) -> list[int]:
@@ -267,7 +308,12 @@ def merge_datasets(
     """
     if len(sources) < 2:
         raise PackerError(f"packer merge: {len(sources)} dataset(s) given; merge takes two or more")
-    metas = [read_dataset(p) for p in sources]
+    check_shard_size(shard_size)
+    for path in sources:
+        read_dataset(path, "SRC")
+    # the class names, counts and digests of the very build whose index is read
+    datasets = [PackedRecords(p) for p in sources]
+    metas = [d.meta for d in datasets]
     formats = {str(m["format"]) for m in metas}
     if len(formats) != 1:
         found = ", ".join(f"{p} ({m['format']})" for p, m in zip(sources, metas, strict=True))
@@ -283,7 +329,6 @@ def merge_datasets(
             "merge datasets whose labels are of one kind"
         )
     classes: list[str] | None = list(metas[0]["classes"]) if with_classes[0] else None
-    datasets = [PackedRecords(p) for p in sources]
     merged: list[dict[str, Any]] = []
     tables: list[list[int] | None] = []
     first = 0
@@ -348,12 +393,23 @@ def split_dataset(
     """Write ``into/<name>`` for each part of `fractions`: the records `assign_splits` gives.
 
     A source shard that a part holds whole (at its own ids, for RecordIO) is reused whole.
+    Every part's destination is checked before anything is written; the parts are written
+    into ``into/.split.partial`` and put in place together at the end (`packer.splitting`),
+    so an interruption while they are written leaves every old part as it was.
 
     Raises:
-        PackerError: a part would be empty; and what `packer.repack.repack` raises.
+        ConfigError: a bad part name, seed or shard size.
+        DatasetMissingError: `root` does not exist.
+        PackerError: a part would be empty, a destination is taken (without `overwrite`) or
+            is not a dataset; and what `packer.repack.repack` raises.
     """
-    meta = read_dataset(root)
+    for name in fractions:
+        check_part_name(name, ",".join(fractions))
+    check_seed(seed)
+    check_shard_size(shard_size)
+    read_dataset(root, "SRC")
     dataset = PackedRecords(root)
+    meta = dataset.meta  # of the build whose index (and labels) was read
     labels, _ = dataset.labels(0, dataset.n)
     parts = assign_splits(labels, fractions, seed=seed, stratify=stratify)
     empty = [name for name, ids in parts.items() if len(ids) == 0]
@@ -363,40 +419,46 @@ def split_dataset(
             f"{fractions[empty[0]]:g}; give it a larger fraction or leave it out"
         )
     size = shard_size or int((meta.get("options") or {}).get("shard_size") or 1 << 30)
+    say = log or (lambda msg: print(msg, file=sys.stderr))
+    publication = PartsPublication(root, into, list(parts), overwrite=overwrite, say=say)
     summaries = {}
-    for name, ids in parts.items():
-        chosen = np.asarray(ids, np.int64)
-        selection = _Selection([dataset], np.zeros(len(chosen), np.int64), chosen, [None])
-        source = RepackSource(
-            sizes=selection.sizes.tolist(),
-            read=selection.read,
-            identity=json.dumps([str(root), meta.get("index_sha256"), name, seed, stratify]),
-            inputs=[root],
-            source=f"split {name} of {root}",
-            options={
-                "split": {
-                    "from": str(root),
-                    "part": name,
-                    "fractions": fractions,
-                    "seed": seed,
-                    "stratify": stratify,
-                    "index_sha256": meta.get("index_sha256"),
-                }
-            },
-            classes=meta.get("classes"),
-            label_source=str(meta.get("label_source")),
-            class_map=meta.get("class_map"),
-            compressed=dataset.compression is not None,
-            read_batches=selection.read_batches,
-            plan=selection.planned(size),
-            reuse=selection.reuse,
-        )
-        cfg = RepackConfig(
-            out=into / name,
-            format=str(meta["format"]),
-            shard_size=size,
-            overwrite=overwrite,
-            progress=progress,
-        )
-        summaries[name] = repack(cfg, source, log=log)
+    with publication:
+        for at, (name, ids) in enumerate(parts.items()):
+            chosen = np.asarray(ids, np.int64)
+            selection = _Selection([dataset], np.zeros(len(chosen), np.int64), chosen, [None])
+            source = RepackSource(
+                sizes=selection.sizes.tolist(),
+                read=selection.read,
+                identity=json.dumps([str(root), meta.get("index_sha256"), name, seed, stratify]),
+                inputs=[root],
+                source=f"split {name} of {root}",
+                options={
+                    "split": {
+                        "from": str(root),
+                        "part": name,
+                        "fractions": fractions,
+                        "seed": seed,
+                        "stratify": stratify,
+                        "index_sha256": meta.get("index_sha256"),
+                    }
+                },
+                classes=meta.get("classes"),
+                label_source=str(meta.get("label_source")),
+                class_map=meta.get("class_map"),
+                compressed=dataset.compression is not None,
+                read_batches=selection.read_batches,
+                plan=selection.planned(size),
+                reuse=selection.reuse,
+            )
+            cfg = RepackConfig(
+                out=publication.staged(name),
+                format=str(meta["format"]),
+                shard_size=size,
+                progress=progress,
+            )
+            summary = repack(cfg, source, log=log)
+            summaries[name] = dataclasses.replace(summary, out=into / name)
+            if at < len(parts) - 1:
+                checkpoint("part")
+        publication.publish()
     return summaries

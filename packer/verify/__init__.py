@@ -13,6 +13,7 @@ from typing import Any
 
 from packer.metadata import meta_problems
 from packer.verify.common import Report, Rows, check_entries, check_shard_table, shard_rows
+from packer.verify.split import sibling_problems
 from readers.errors import DatasetFormatError, DatasetRebuiltError
 from readers.formats.layout import META_NAME
 from readers.io.readahead import FileAhead
@@ -32,6 +33,8 @@ def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
         return
     for problem in meta_problems(meta):
         report(f"{META_NAME}: {problem}")
+    for problem in sibling_problems(root, meta):
+        report(problem)
     fmt = get_pack_format(meta["format"])
     if fmt is None:
         report(f"{META_NAME}: format {meta['format']!r} cannot be verified by this version")

@@ -156,8 +156,51 @@ def test_a_path_already_in_out_is_a_duplicate(
     errors = [json.loads(line) for line in (out / ERRORS_NAME).read_text().splitlines()]
     assert [(e["path"], e["reason"]) for e in errors] == [(p, "duplicate") for p in sorted(again)]
     check_records(out, {**files, **extra})  # the old bytes of the duplicates, not the new
+    assert do_append(out, more).already_complete  # the same SRC again: a retry
+    write_tree(tmp_path / "dupes", {"cat": 2})  # another SRC, of paths OUT holds only
     with pytest.raises(PackerError, match="nothing to append"):
-        do_append(out, more)
+        do_append(out, tmp_path / "dupes")
+
+
+def test_a_retried_append_is_already_complete(
+    grown: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """An append run again (e.g. after a kill -9 once it swapped in) is done: exit 0."""
+    out, files = grown
+    extra = new_tree(tmp_path / "more", {"dog": 2, "fox": 1})
+    env = {**os.environ, KILL_AT_ENV: "swapped"}
+    cmd = [sys.executable, "-m", "packer.cli", "append", str(out), str(tmp_path / "more")]
+    killed = subprocess.run(
+        [*cmd, "--class-map", "grow"], env=env, capture_output=True, text=True, check=False
+    )
+    assert killed.returncode == -9, killed.stderr
+    check_records(out, {**files, **extra})  # swapped in before the kill
+    history = json.loads((out / META_NAME).read_text())["options"]["appended"]
+    assert [len(h["source_digest"]) for h in history] == [64]
+    before = snapshot(out)
+    for retry in ([*cmd, "--class-map", "grow"], cmd):  # fox is one of OUT's classes now
+        result = runner.invoke(app, retry[3:])
+        assert result.exit_code == 0, result.output
+        first = len(files)
+        assert (
+            f"{out} already holds {tmp_path / 'more'}: appended at {history[0]['created']} as "
+            f"ids {first}..{first + 2} from the same files, sizes, labels and options: "
+            "nothing to do"
+        ) in result.output
+        assert snapshot(out) == before
+        assert not (out.parent / f".{out.name}.partial").exists()  # the killed run's, removed
+    # a file of SRC changed since: not the same SRC, and its path is in OUT already
+    changed = sorted((tmp_path / "more").rglob("*.png"))[0]
+    changed.write_bytes(changed.read_bytes() + b"\0")
+    result = runner.invoke(app, cmd[3:])
+    assert result.exit_code == 2
+    assert "nothing to append" in result.output
+    assert "duplicate" in result.output
+    # a new file beside SRC's: only it is appended
+    new_tree(tmp_path / "more", {"eel": 1}, seed=11, prefix="later")
+    result = runner.invoke(app, cmd[3:])
+    assert result.exit_code == 0, result.output
+    assert f"appended 1 images as ids {len(files) + 3}..{len(files) + 3}" in result.output
 
 
 @pytest.mark.parametrize("step", STEPS)
