@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from packer.problems import NAME_COLLISION
 from packer.scan import fold_name
+from packer.terminal import unsafe_char
 from readers.durable import fsync_path, write_durably
 from readers.formats.layout import ERRORS_NAME, META_NAME, WARNINGS_NAME
 
@@ -41,14 +41,7 @@ LABEL_NOT_EXPORTABLE = "label_not_exportable"
 MAX_NAME_BYTES = 200  # below NAME_MAX (255) with room for a ~N suffix and an extension
 # names a class folder must not take: the export's own files (compared ignoring case)
 RESERVED = (ERRORS_NAME, WARNINGS_NAME, LABELS_NAME, META_NAME, IMAGES_DIR)
-# Trojan-source controls: they reorder how the rest of a name is shown
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _LINK_UNSUPPORTED = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
-
-
-def unsafe_char(ch: str) -> bool:
-    """Whether `ch` is a control character, a line break, a surrogate or a bidi control."""
-    return unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") or ch in _BIDI
 
 
 def safe_component(name: str, limit: int = MAX_NAME_BYTES) -> str:
