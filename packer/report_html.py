@@ -8,7 +8,8 @@ classes, and the error and warning tables from one streaming pass with capped ro
 
 The page never costs a dataset: `write_html` refuses a FILE inside the dataset it describes or
 inside any other packer dataset (a directory with packer's ``meta.json``), a FILE that is not
-a regular file, and a FILE with more than one hard link (``merge`` links shards between
+a regular file or is named as a dataset's file is (``data.mdb``, ``*.rec``, ...), and a FILE
+with more than one hard link (``merge`` links shards between
 datasets); it writes a temporary file beside FILE and renames it over FILE.
 """
 
@@ -342,6 +343,11 @@ def _thumbnails_html(index: DatasetIndex, classes: list[str] | None) -> str:
     return "".join(out)
 
 
+# names of the files a dataset is made of (ours, a bare LMDB, RecordIO or WebDataset shards)
+_DATASET_FILES = frozenset({META_NAME, INDEX_NAME, "index.parquet", ERRORS_NAME, WARNINGS_NAME})
+_DATASET_SUFFIXES = frozenset({".mdb", ".rec", ".idx", ".tar", ".parquet"})
+
+
 class HtmlTargetError(PackerError):
     """``--html FILE`` names a file that writing the page would cost (a dataset's file)."""
 
@@ -373,20 +379,9 @@ def check_html_target(file: Path, dataset: Path) -> None:
     Raises:
         HtmlTargetError: `file` lies inside `dataset` or inside any packer dataset (its real
             parent directory or one above it holds packer's meta.json), is not a regular file,
-            or has more than one hard link.
+            exists and is named as a dataset's file is (``data.mdb``, ``*.rec``, ...), or has
+            more than one hard link.
     """
-    try:
-        st = os.lstat(file)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        raise HtmlTargetError(file, "exists and is not a regular file")
-    if st is not None and st.st_nlink > 1:
-        raise HtmlTargetError(
-            file,
-            f"has {st.st_nlink} hard links (a shard that packer merge linked into two "
-            "datasets looks like this), so writing it would change another file too",
-        )
     parent = os.path.realpath(file.parent)
     inside = os.path.realpath(dataset)
     if parent == inside or parent.startswith(inside.rstrip(os.sep) + os.sep):
@@ -397,8 +392,22 @@ def check_html_target(file: Path, dataset: Path) -> None:
             raise HtmlTargetError(file, f"lies inside the packer dataset {directory}")
         up = os.path.dirname(directory)
         if up == directory:
-            return
+            break
         directory = up
+    try:
+        st = os.lstat(file)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        raise HtmlTargetError(file, "exists and is not a regular file")
+    if st is not None and (file.name in _DATASET_FILES or file.suffix in _DATASET_SUFFIXES):
+        raise HtmlTargetError(file, "exists and is named as a dataset's file is")
+    if st is not None and st.st_nlink > 1:
+        raise HtmlTargetError(
+            file,
+            f"has {st.st_nlink} hard links (a shard that packer merge linked into two "
+            "datasets looks like this), so writing it would change another file too",
+        )
 
 
 def write_html(path: str | Path, file: str | Path) -> Path:

@@ -207,6 +207,8 @@ def test_html_refuses_a_file_of_a_dataset(
     linked.write_text("old page")
     os.link(linked, tmp_path / "second-name.html")
     (tmp_path / "a-dir.html").mkdir()
+    bare = tmp_path / "bare"  # a bare LMDB: no meta.json to recognise it by
+    shutil.copytree(out / "shard-00000", bare)
     cases = [
         (out / "meta.json", "lies inside the dataset .* it describes"),
         (out / "shard-00000" / "data.mdb", "lies inside the dataset .* it describes"),
@@ -215,6 +217,7 @@ def test_html_refuses_a_file_of_a_dataset(
         (other / "shard-00000.rec", f"lies inside the packer dataset {other}"),
         (linked, "has 2 hard links"),
         (tmp_path / "a-dir.html", "exists and is not a regular file"),
+        (bare / "data.mdb", "exists and is named as a dataset's file is"),
     ]
     for target, message in cases:
         result = runner.invoke(app, ["info", str(out), "--html", str(target)])
