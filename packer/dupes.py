@@ -24,6 +24,7 @@ import numpy as np
 from packer.errors import PackerError
 from packer.metadata import class_names
 from packer.nearhash import DEFAULT_HASH, DEFAULT_THRESHOLD, HASHES, group_near
+from packer.terminal import shown
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index
 
@@ -155,7 +156,7 @@ class DupesReport:
         return out
 
     def text(self) -> str:
-        """The report for a terminal."""
+        """The report for a terminal (labels, class names and paths `shown` escaped)."""
         s = self.summary()
         head = (
             f"{s['exact_groups']} group{'s' if s['exact_groups'] != 1 else ''} of identical "
@@ -165,7 +166,7 @@ class DupesReport:
             head += f", {s['near_groups']} of near copies ({self.hash}, <= {self.threshold} bits)"
         head += (
             f"; {s['cross_dataset']} across datasets, {s['conflicting_labels']} with conflicting "
-            f"labels, in {', '.join(self.datasets)}"
+            f"labels, in {', '.join(shown(d) for d in self.datasets)}"
         )
         lines = [head]
         for g in self.groups:
@@ -177,11 +178,14 @@ class DupesReport:
             size = f", {g.nbytes} bytes" if g.nbytes is not None else ""
             lines.append(f"[{', '.join(tags)}] {len(g.members)} images{size}")
             for m in g.members:
-                label = m.get("class", json.dumps(m["label"], ensure_ascii=False))
-                lines.append(f"  {m['dataset']}  #{m['id']}  {m['path']}  label {label}")
+                label = shown(m.get("class", json.dumps(m["label"], ensure_ascii=False)))
+                lines.append(
+                    f"  {shown(m['dataset'])}  #{m['id']}  {shown(m['path'])}  label {label}"
+                )
         for u in self.unhashed:
             lines.append(
-                f"not compared (near): {u['dataset']} #{u['id']} {u['path']}: {u['reason']}"
+                f"not compared (near): {shown(u['dataset'])} #{u['id']} {shown(u['path'])}: "
+                f"{shown(u['reason'])}"
             )
         return "\n".join(lines)
 

@@ -6,10 +6,13 @@
 - ``folder``: when every label is a class id, one folder per class (named by IN's class names,
   else by the id) holding the stored bytes under their original file names; otherwise
   ``images/`` plus ``labels.txt`` (``images/NAME<TAB>label`` lines, as PaddleOCR writes them:
-  text as is, anything else as compact JSON).
+  text as is, anything else as JSON). Names from data are made safe and unique, and records
+  whose label a line cannot carry are skipped: see `packer.export_folder`.
 
 Both are written into ``.OUT.partial`` and renamed into place when complete (under the build
-lock), with ``errors.jsonl`` listing the records that could not be exported.
+lock), with ``errors.jsonl`` listing the records that could not be exported and
+``.packer-export.json`` marking the folder as an export packer wrote, so that ``--overwrite``
+may replace it (as it replaces a packer dataset, and nothing else).
 """
 
 from __future__ import annotations
@@ -22,25 +25,33 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packer import __version__
 from packer.build import BuildSummary, publish_output, temp_dir_for
 from packer.engines import progress_bar
-from packer.errors import InputError, OutputExistsError
-from packer.output import build_lock, check_output_apart, prepare_parent
+from packer.errors import InputError, NotADatasetError, OutputExistsError
+from packer.export_folder import (
+    LABEL_NOT_EXPORTABLE,
+    MARKER_NAME,
+    FolderExport,
+    label_text,
+)
+from packer.labels.common import shorten
+from packer.output import build_lock, check_output_apart, check_replaceable, prepare_parent
 from packer.problems import Problem
 from packer.records import Record
 from packer.repack import RepackSource
 from readers.durable import fsync_path, write_durably
-from readers.formats.layout import ERRORS_NAME
+from readers.formats.layout import ERRORS_NAME, WARNINGS_NAME
 
 if TYPE_CHECKING:
     from packer.convert import ConvertConfig
 
-LABELS_NAME = "labels.txt"
-IMAGES_DIR = "images"
 NOT_EXPORTABLE = "not_exportable"
+EXPORTS = ("webdataset", "folder")
 
 # the file extension of each stored image format
 EXTENSIONS = {
@@ -113,14 +124,6 @@ def _file_name(record: Record, i: int, ext: str) -> str:
     return base
 
 
-def _unique(folder: str, base: str, i: int, taken: set[str]) -> str:
-    name = f"{folder}/{base}"
-    if name in taken:
-        name = f"{folder}/{i:06d}_{base}"
-    taken.add(name)
-    return name
-
-
 def export(
     cfg: ConvertConfig, source: RepackSource, *, log: Callable[[str], None] | None = None
 ) -> BuildSummary:
@@ -129,12 +132,16 @@ def export(
     Raises:
         OutputExistsError: OUT exists (without overwrite).
         InputError: a bad record with ``on_error="fail"``.
-        UnsafeOutputError, NotADatasetError, OutputParentError, BuildLockedError: as for build.
+        NotADatasetError: ``overwrite`` onto something that is neither a packer dataset, nor an
+            export packer wrote, nor an empty directory.
+        UnsafeOutputError, OutputParentError, BuildLockedError: as for build.
     """
     say = log or (lambda msg: print(msg, file=sys.stderr))
     started = time.perf_counter()
     out, tmp = cfg.out, temp_dir_for(cfg.out)
-    check_output_apart(out, source.inputs, build_dir=tmp, overwrite=cfg.overwrite)
+    check_output_apart(out, source.inputs, build_dir=tmp, overwrite=False)
+    if cfg.overwrite:
+        check_export_replaceable(out)
     prepare_parent(out)
     with build_lock(out):
         if (out.exists() or out.is_symlink()) and not cfg.overwrite:
@@ -144,83 +151,145 @@ def export(
             shutil.rmtree(tmp)
         tmp.mkdir()
         try:
-            summary = _write(cfg, source, tmp)
-            publish_output(tmp, out, overwrite=cfg.overwrite)
+            summary, renamed = _write(cfg, source, tmp)
+            _publish(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    if renamed:
+        say(f"{renamed} images exported under another name than their own: see {WARNINGS_NAME}")
     summary.out = out
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _write(cfg: ConvertConfig, source: RepackSource, tmp: Path) -> BuildSummary:
+def marker_problem(out: Path) -> str | None:
+    """Why the directory `out` is not an export packer wrote, or None when it is one."""
+    try:
+        with open(out / MARKER_NAME, "rb") as f:
+            marker = json.loads(f.read(1 << 16).decode("utf-8"))
+    except FileNotFoundError:
+        return f"holds no {MARKER_NAME}"
+    except (OSError, ValueError) as exc:
+        return f"has a {MARKER_NAME} that cannot be read ({exc})"
+    if not isinstance(marker, dict) or marker.get("export") not in EXPORTS:
+        return f"has a {MARKER_NAME} that is not packer's"
+    return None
+
+
+def check_export_replaceable(out: Path) -> None:
+    """Refuse to let ``--overwrite`` replace `out` unless packer wrote it.
+
+    An export packer wrote (a directory with its `MARKER_NAME`), a packer dataset, an empty
+    directory and a missing `out` may be replaced; a symbolic link never is.
+
+    Raises:
+        NotADatasetError: what `out` is instead, and how to go on.
+    """
+    if out.is_dir() and not out.is_symlink() and marker_problem(out) is None:
+        return
+    try:
+        check_replaceable(out)
+    except NotADatasetError as exc:
+        if not out.is_dir() or out.is_symlink():
+            raise
+        raise NotADatasetError(
+            str(out),
+            f"is not a packer dataset ({exc}) and not an export packer wrote (it "
+            f"{marker_problem(out)})",
+            f"remove {out} yourself if it should go (exports written before packer marked "
+            "them have no marker), or choose another OUT",
+        ) from None
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished `tmp` to `out`, replacing an old `out` that may be replaced."""
+    if not (out.exists() or out.is_symlink()):
+        publish_output(tmp, out, overwrite=False)
+        return
+    check_export_replaceable(out)  # again: OUT may have changed while the export ran
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    os.rename(out, old)
+    try:
+        publish_output(tmp, out, overwrite=False)
+    except BaseException:
+        if not out.exists():
+            os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write(cfg: ConvertConfig, source: RepackSource, tmp: Path) -> tuple[BuildSummary, int]:
+    """Write the export into `tmp`; return its summary and the number of renamed images."""
     problems = list(source.problems)
     summary = BuildSummary(out=cfg.out)
     shards = _TarShards(tmp, cfg.shard_size) if cfg.to == "webdataset" else None
-    listed: list[tuple[str, str, Any]] = []  # folder: (name under images/, file name, label)
-    taken: set[str] = set()
+    folder = FolderExport(tmp) if shards is None else None
     total = len(source.sizes)
     with progress_bar(total, cfg.progress) as bar:
         for item in source.read(0, total):
             bar.update(1)
-            ext = _ext(item) if isinstance(item, Record) else None
-            if isinstance(item, Record) and ext is None:
-                item = Problem(
-                    item.rel,
-                    NOT_EXPORTABLE,
-                    f"stored as {item.format}, which is no image file format (--encode raw?)",
-                )
+            if isinstance(item, Record):
+                item = _exportable(item, folder is not None)
             if isinstance(item, Problem):
                 if cfg.on_error == "fail":
                     raise InputError(item.path, item.reason, item.message)
                 problems.append(item)
                 continue
+            ext = _ext(item)
             assert ext is not None
             if shards is not None:
                 key = f"{summary.packed:06d}"
                 label = _label_member(item.label)
                 shards.add(key, [(ext, item.data)] + ([label] if label else []))
-            else:
+            elif folder is not None:
                 base = _file_name(item, summary.packed, ext)
-                name = _unique(IMAGES_DIR, base, summary.packed, taken)
-                (tmp / IMAGES_DIR).mkdir(exist_ok=True)
-                (tmp / name).write_bytes(item.data)
-                listed.append((name, base, item.label))
+                folder.add(item.rel, base, item.label, item.data)
             summary.packed += 1
             summary.bytes += len(item.data)
+    notes: list[dict[str, Any]] = []
     if shards is not None:
         shards.close()
         summary.shards = shards.number
-    else:
-        _finish_folder(tmp, listed, source.classes)
+    elif folder is not None:
+        notes = folder.finish(source.classes)
+        write_durably(
+            tmp / WARNINGS_NAME, [json.dumps(n, ensure_ascii=False) + "\n" for n in notes]
+        )
     write_durably(
         tmp / ERRORS_NAME, [json.dumps(p.as_json(), ensure_ascii=False) + "\n" for p in problems]
     )
+    marker = {
+        "export": cfg.to,
+        "version": 1,
+        "num_samples": summary.packed,
+        "num_errors": len(problems),
+        "source": str(source.source or cfg.src),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tool_version": __version__,
+    }
+    write_durably(tmp / MARKER_NAME, json.dumps(marker, indent=2) + "\n")
     summary.skipped = len(problems)
     for p in problems:
         summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
-    return summary
+    return summary, len(notes)
 
 
-def _finish_folder(
-    tmp: Path, listed: list[tuple[str, str, Any]], classes: list[str] | None
-) -> None:
-    """Class folders when every label is a class id, else ``labels.txt`` beside ``images/``."""
-    ints = bool(listed) and all(
-        isinstance(label, int) and not isinstance(label, bool) for _, _, label in listed
-    )
-    if not ints:
-        lines = []
-        for name, _, label in listed:
-            text = label if isinstance(label, str) else json.dumps(label, ensure_ascii=False)
-            lines.append(f"{name}\t{text}\n")
-        write_durably(tmp / LABELS_NAME, lines)
-        return
-    taken: set[str] = set()
-    for i, (name, base, label) in enumerate(listed):
-        folder = classes[label] if classes and 0 <= label < len(classes) else str(label)
-        target = _unique(folder, base, i, taken)
-        (tmp / folder).mkdir(exist_ok=True)
-        os.rename(tmp / name, tmp / target)
-    (tmp / IMAGES_DIR).rmdir()
+def _exportable(record: Record, folder: bool) -> Record | Problem:
+    """`record`, or the problem that keeps it out of the export."""
+    if _ext(record) is None:
+        return Problem(
+            record.rel,
+            NOT_EXPORTABLE,
+            f"stored as {record.format}, which is no image file format (--encode raw?)",
+        )
+    label = record.label
+    class_id = isinstance(label, int) and not isinstance(label, bool)
+    if folder and not class_id and label_text(label) is None:
+        return Problem(
+            record.rel,
+            LABEL_NOT_EXPORTABLE,
+            f"the label {shorten(label)} holds a tab or a line break, which a labels.txt line "
+            "cannot carry; --to webdataset keeps it (in KEY.txt)",
+        )
+    return record

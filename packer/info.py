@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from packer.metadata import class_names, meta_problems, shard_disk_bytes
+from packer.terminal import shown
 from readers.columnar import COMPRESSIONS
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index
@@ -93,9 +94,13 @@ def describe(path: str | Path) -> dict[str, Any]:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    """The summary as text for a terminal."""
+    """The summary as text for a terminal.
+
+    Text that comes from the dataset (class names, paths, meta.json's values) is `shown`:
+    control characters such as ESC and CR appear as repr-style escapes and never act.
+    """
     lines = [
-        f"{s['path']}: {s['format']} dataset, {s['num_samples']} samples in "
+        f"{shown(s['path'])}: {shown(s['format'])} dataset, {s['num_samples']} samples in "
         f"{s['num_shards']} shard{'s' if s['num_shards'] != 1 else ''}",
         f"  bytes:    {s['payload_bytes'] / 1e6:.1f} MB of images, {_mb(s['disk_bytes'])} on disk",
     ]
@@ -103,34 +108,38 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(
             f"  size:     width {s['width'][0]}..{s['width'][1]}, "
             f"height {s['height'][0]}..{s['height'][1]}, channels "
-            + ", ".join(f"{k}: {v}" for k, v in s["channels"].items())
+            + ", ".join(f"{shown(k)}: {v}" for k, v in s["channels"].items())
         )
         lines.append("  stored:   " + ", ".join(_stored(k, v) for k, v in s["stored"].items()))
-    lines.append(f"  labels:   from {s['label_source']}; skipped inputs: {s['num_errors']}")
+    lines.append(
+        f"  labels:   from {shown(s['label_source'])}; skipped inputs: {shown(s['num_errors'])}"
+    )
     labels = s["labels"]
     if "kind" in labels:
-        lines.append(f"            {labels['kind']} labels (not class ids)")
+        lines.append(f"            {shown(labels['kind'])} labels (not class ids)")
     else:
-        width = max((len(k) for k in labels), default=0)
+        names = {name: shown(name) for name in labels}
+        width = max((len(k) for k in names.values()), default=0)
         top = max(labels.values(), default=0) or 1
         for name, count in labels.items():
             bar = "#" * round(30 * count / top)
-            lines.append(f"    {name:<{width}}  {count:>8}  {bar}")
+            lines.append(f"    {names[name]:<{width}}  {count:>8}  {bar}")
     lines.append("  shards:")
     for shard in s["shards"]:
+        last = shard["first"] + shard["count"] - 1
         lines.append(
-            f"    {shard['name']}  ids {shard['first']}..{shard['first'] + shard['count'] - 1}"
+            f"    {shown(shard['name'])}  ids {shard['first']}..{last}"
             f"  {shard['count']} samples  {_mb(shard_disk_bytes(shard))}"
         )
     if s["meta_problems"]:
         lines.append("  problems (shown as unknown above; packer verify checks the rest):")
-        lines.extend(f"    {p}" for p in s["meta_problems"])
+        lines.extend(f"    {shown(p)}" for p in s["meta_problems"])
     return "\n".join(lines)
 
 
 def _stored(name: str, entry: dict[str, int]) -> str:
     """``png 11 (0.1 MB)``; compressed raw: ``raw+lz4 11 (0.1 MB, 32% of the pixels)``."""
-    text = f"{name} {entry['samples']} ({_mb(entry['bytes'])}"
+    text = f"{shown(name)} {entry['samples']} ({_mb(entry['bytes'])}"
     if entry.get("pixel_bytes"):
         text += f", {100 * entry['bytes'] / entry['pixel_bytes']:.0f}% of the pixels"
     return text + ")"

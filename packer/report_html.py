@@ -5,6 +5,12 @@ JPEG ``data:`` URIs. The cost is bounded for any size of dataset: the histograms
 index columns (numpy), the thumbnails from a fixed number of samples per class (spread evenly
 over the class's ids, so the same dataset always gives the same page) and a capped number of
 classes, and the error and warning tables from one streaming pass with capped rows.
+
+The page never costs a dataset: `write_html` refuses a FILE inside the dataset it describes or
+inside any other packer dataset (a directory with packer's ``meta.json``), a FILE that is not
+a regular file or is named as a dataset's file is (``data.mdb``, ``*.rec``, ...), and a FILE
+with more than one hard link (``merge`` links shards between
+datasets); it writes a temporary file beside FILE and renames it over FILE.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import secrets
+import stat
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,10 +28,13 @@ from typing import Any
 import cv2
 import numpy as np
 
+from packer.errors import PackerError
 from packer.info import describe
 from packer.metadata import shard_disk_bytes
+from readers.durable import fsync_path
 from readers.errors import RecordError
-from readers.formats.layout import ERRORS_NAME, WARNINGS_NAME
+from readers.formats import FORMATS
+from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
 from readers.index import DatasetIndex, load_index
 
 THUMBS_PER_CLASS = 8
@@ -331,8 +343,101 @@ def _thumbnails_html(index: DatasetIndex, classes: list[str] | None) -> str:
     return "".join(out)
 
 
+# names of the files a dataset is made of (ours, a bare LMDB, RecordIO or WebDataset shards)
+_DATASET_FILES = frozenset({META_NAME, INDEX_NAME, "index.parquet", ERRORS_NAME, WARNINGS_NAME})
+_DATASET_SUFFIXES = frozenset({".mdb", ".rec", ".idx", ".tar", ".parquet"})
+
+
+class HtmlTargetError(PackerError):
+    """``--html FILE`` names a file that writing the page would cost (a dataset's file)."""
+
+    def __init__(self, file: Path, problem: str) -> None:
+        super().__init__(
+            f"--html {file}: {problem}; nothing was written. Choose a new file outside every "
+            "dataset directory, such as report.html in the current directory"
+        )
+
+
+def _is_dataset_dir(directory: str) -> bool:
+    """Whether `directory` holds a packer dataset: packer's meta.json, or one beside an index."""
+    meta = os.path.join(directory, META_NAME)
+    if not os.path.isfile(meta):
+        return False
+    if os.path.exists(os.path.join(directory, INDEX_NAME)):
+        return True
+    try:
+        with open(meta, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict) and obj.get("format") in FORMATS
+
+
+def check_html_target(file: Path, dataset: Path) -> None:
+    """Refuse an `file` that writing the page of `dataset` would destroy.
+
+    Raises:
+        HtmlTargetError: `file` lies inside `dataset` or inside any packer dataset (its real
+            parent directory or one above it holds packer's meta.json), is not a regular file,
+            exists and is named as a dataset's file is (``data.mdb``, ``*.rec``, ...), or has
+            more than one hard link.
+    """
+    parent = os.path.realpath(file.parent)
+    inside = os.path.realpath(dataset)
+    if parent == inside or parent.startswith(inside.rstrip(os.sep) + os.sep):
+        raise HtmlTargetError(file, f"lies inside the dataset {dataset} it describes")
+    directory = parent
+    while True:
+        if _is_dataset_dir(directory):
+            raise HtmlTargetError(file, f"lies inside the packer dataset {directory}")
+        up = os.path.dirname(directory)
+        if up == directory:
+            break
+        directory = up
+    try:
+        st = os.lstat(file)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        raise HtmlTargetError(file, "exists and is not a regular file")
+    if st is not None and (file.name in _DATASET_FILES or file.suffix in _DATASET_SUFFIXES):
+        raise HtmlTargetError(file, "exists and is named as a dataset's file is")
+    if st is not None and st.st_nlink > 1:
+        raise HtmlTargetError(
+            file,
+            f"has {st.st_nlink} hard links (a shard that packer merge linked into two "
+            "datasets looks like this), so writing it would change another file too",
+        )
+
+
 def write_html(path: str | Path, file: str | Path) -> Path:
-    """Write the page for the dataset at `path` to `file` (UTF-8); return `file`."""
+    """Write the page for the dataset at `path` to `file` (UTF-8); return `file`.
+
+    The page goes to a new temporary file beside `file`, which is fsynced and renamed over
+    `file`: a reader of `file` sees the old page or the new one.
+
+    Raises:
+        HtmlTargetError: see `check_html_target` (checked before the dataset is read).
+        ReaderError: the dataset cannot be opened.
+        OSError: `file` cannot be written.
+    """
     file = Path(file)
-    file.write_text(render_html(path), encoding="utf-8")
+    check_html_target(file, Path(path))
+    data = render_html(path).encode("utf-8")
+    tmp = file.parent / f".{file.name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        check_html_target(file, Path(path))  # again: the page took a while to render
+        os.replace(tmp, file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(file.parent)
     return file

@@ -229,9 +229,10 @@ def test_to_folder_class_folders_file_by_file(packed: Any, tmp_path: Path) -> No
     written = {
         p.relative_to(out).as_posix(): p.read_bytes()
         for p in out.rglob("*")
-        if p.is_file() and p.name != "errors.jsonl"
+        if p.is_file() and p.name not in ("errors.jsonl", "warnings.jsonl", ".packer-export.json")
     }
     assert written == packed.files  # the original tree: class folders, file names, bytes
+    assert (out / "warnings.jsonl").read_text() == ""  # nothing renamed
 
 
 def test_to_folder_text_labels_list(tmp_path: Path) -> None:

@@ -183,3 +183,34 @@ def test_build_without_dedup_keeps_copies(tmp_path: Path) -> None:
     out = build_packed(src, tmp_path / "out.lmdb", "lmdb")
     assert (out / "errors.jsonl").read_text() == ""
     assert len(find_dupes([out]).groups) == 1
+
+
+def test_dupes_text_prints_labels_class_names_and_paths_escaped(tmp_path: Path) -> None:
+    """Labels reached the terminal raw, so an ESC sequence in a label recoloured (or a CR
+    overwrote) the report; they are shown escaped now, and --json stays valid JSON."""
+    src = tmp_path / "src"
+    write_tree(src, {"a": 2})
+    shutil.copy(src / "a/img_000.png", src / "a/copy\x1b[2J.png")  # ESC in a path is allowed
+    manifest = tmp_path / "labels.jsonl"
+    labels = {"a/img_000.png": "\x1b[31mred", "a/img_001.jpg": "x", "a/copy\x1b[2J.png": "cr\r!"}
+    manifest.write_text(
+        "".join(json.dumps({"path": p, "label": v}) + "\n" for p, v in labels.items())
+    )
+    text_ds = build_packed(src, tmp_path / "text.lmdb", "lmdb", labels=str(manifest))
+    class_ds = build_packed(src, tmp_path / "class.lmdb", "lmdb")
+    meta = json.loads((class_ds / "meta.json").read_text())
+    meta["classes"] = ["\x1b[32mgreen\r"]
+    (class_ds / "meta.json").write_text(json.dumps(meta))
+    result = runner.invoke(app, ["dupes", str(text_ds), str(class_ds)])
+    assert result.exit_code == 0, result.output
+    for raw in ("\x1b", "\r"):
+        assert raw not in result.output
+    assert 'label "\\u001b[31mred"' in result.output  # a text label is printed as JSON
+    assert 'label "cr\\r!"' in result.output
+    assert "label \\x1b[32mgreen\\r" in result.output
+    assert "a/copy\\x1b[2J.png" in result.output
+    as_json = runner.invoke(app, ["dupes", str(text_ds), str(class_ds), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    members = [m for g in json.loads(as_json.output)["groups"] for m in g["members"]]
+    assert {m["label"] for m in members if "class" not in m} == {"\x1b[31mred", "x", "cr\r!"}
+    assert {m["class"] for m in members if "class" in m} == {"\x1b[32mgreen\r"}

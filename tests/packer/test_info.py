@@ -116,3 +116,49 @@ def test_info_of_an_intact_dataset_lists_no_problems(packed):
     text = runner.invoke(app, ["info", str(packed.path)]).output
     assert "problems" not in text
     assert "? MB" not in text
+
+
+RAW_CLASSES = ["\x1b[31mred\r", "bell\x07\x9b2J", "\u202eevil"]
+
+
+def _escape_classes(m: Meta) -> None:
+    m["classes"] = RAW_CLASSES
+    m["label_source"] = "dirname\x1b]0;title\x07"
+
+
+def test_info_prints_class_names_escaped(packed):
+    """Class names and meta.json's text reached the terminal raw (ESC sequences, CR); they are
+    shown with repr-style escapes now, and --json stays JSON that gives them back unchanged."""
+    _rewrite(packed.path, _escape_classes)
+    result = runner.invoke(app, ["info", str(packed.path)])
+    assert result.exit_code == 0, result.output
+    for raw in ("\x1b", "\r", "\x07", "\x9b", "\u202e"):
+        assert raw not in result.output
+    assert "\\x1b[31mred\\r" in result.output
+    assert "bell\\x07\\x9b2J" in result.output
+    assert "\\u202eevil" in result.output
+    assert "from dirname\\x1b]0;title\\x07;" in result.output
+    as_json = runner.invoke(app, ["info", str(packed.path), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert "\x1b" not in as_json.output
+    summary = json.loads(as_json.output)
+    assert summary["classes"] == RAW_CLASSES
+    assert set(summary["labels"]) == set(RAW_CLASSES)
+
+
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [
+        ("plain text, 日本語 and ü", "plain text, 日本語 and ü"),
+        ("\x1b[31m", "\\x1b[31m"),
+        ("a\rb\nc\td", "a\\rb\\nc\\td"),
+        ("\x7f\x85\x9b", "\\x7f\\x85\\x9b"),
+        ("\u2028\u202e\ud800", "\\u2028\\u202e\\ud800"),
+        ("\u3000\u200d", "\u3000\u200d"),  # ideographic space, zero-width joiner: shown
+        (7, "7"),
+    ],
+)
+def test_shown_escapes_what_a_terminal_acts_on(text: Any, escaped: str) -> None:
+    from packer.terminal import shown
+
+    assert shown(text) == escaped

@@ -6,6 +6,7 @@ The same checks are run on deliberately broken pages, to show that they can fail
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -185,3 +186,66 @@ def test_thumbnails_are_chosen_deterministically(tmp_path: Path) -> None:
     assert picked[1][1].tolist() == [20, 21, 22]
     again = pick_thumbnails(load_index(out), ["a", "b"])
     assert [ids.tolist() for _, ids in again] == [ids.tolist() for _, ids in picked]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_html_refuses_a_file_of_a_dataset(
+    tree: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """``--html`` pointed at a dataset's meta.json destroyed the dataset; anywhere inside this
+    dataset or another one, and a file with a second hard link, is refused now."""
+    src, _ = tree
+    out = build_packed(src, tmp_path / "out.lmdb", "lmdb")
+    other = build_packed(src, tmp_path / "other.rec", "recordio")
+    before = _snapshot(tmp_path)
+    linked = tmp_path / "linked.html"
+    linked.write_text("old page")
+    os.link(linked, tmp_path / "second-name.html")
+    (tmp_path / "a-dir.html").mkdir()
+    bare = tmp_path / "bare"  # a bare LMDB: no meta.json to recognise it by
+    shutil.copytree(out / "shard-00000", bare)
+    cases = [
+        (out / "meta.json", "lies inside the dataset .* it describes"),
+        (out / "shard-00000" / "data.mdb", "lies inside the dataset .* it describes"),
+        (out / "new.html", "lies inside the dataset .* it describes"),
+        (other / "meta.json", f"lies inside the packer dataset {other}"),
+        (other / "shard-00000.rec", f"lies inside the packer dataset {other}"),
+        (linked, "has 2 hard links"),
+        (tmp_path / "a-dir.html", "exists and is not a regular file"),
+        (bare / "data.mdb", "exists and is named as a dataset's file is"),
+    ]
+    for target, message in cases:
+        result = runner.invoke(app, ["info", str(out), "--html", str(target)])
+        assert result.exit_code == 2, (target, result.output)
+        assert re.search(
+            f"packer: error: --html {re.escape(str(target))}: {message}", result.output
+        )
+        assert "nothing was written" in result.output
+    assert {k: v for k, v in _snapshot(tmp_path).items() if k in before} == before
+    assert linked.read_text() == "old page"
+    assert not (out / "new.html").exists()
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+def test_html_is_written_through_a_new_file_and_a_rename(
+    tree: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    src, _ = tree
+    out = build_packed(src, tmp_path / "out.lmdb", "lmdb")
+    report = tmp_path / "reports" / "report.html"
+    report.parent.mkdir()
+    report.write_text("old page")
+    with open(report, encoding="utf-8") as old:  # a reader of the old page keeps it whole
+        inode = os.stat(report).st_ino
+        result = runner.invoke(app, ["info", str(out), "--html", str(report)])
+        assert result.exit_code == 0, result.output
+        assert old.read() == "old page"
+    assert os.stat(report).st_ino != inode  # a new file renamed over the old one
+    assert report.read_text().startswith("<!DOCTYPE html>")
+    assert os.stat(report).st_nlink == 1
+    assert sorted(p.name for p in report.parent.iterdir()) == ["report.html"]
