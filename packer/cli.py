@@ -278,6 +278,8 @@ def info(
     ] = None,
 ) -> None:
     """Counts, classes, label histogram, image sizes, formats and shards."""
+    if html is not None:
+        refuse_urls("info --html", outputs=(html,))
     from packer.info import describe, format_summary
 
     try:

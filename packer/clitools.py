@@ -67,7 +67,7 @@ def refuse_urls(command: str, *inputs: object, outputs: tuple[object, ...] = ())
         url = f"{scheme}://{rest.lstrip('/')}"
         if path in outputs:
             raise fail(
-                f"{command} does not write to URLs yet ({url}); give a local directory (only "
+                f"{command} does not write to URLs yet ({url}); give a local path (only "
                 "packer build publishes to object storage)"
             )
         raise fail(

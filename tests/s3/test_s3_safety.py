@@ -384,6 +384,7 @@ def test_a_missing_dataset_in_an_existing_bucket_is_still_not_found(endpoint: st
         (["dupes", "x", "s3://b/val"], "dupes does not take URLs yet (s3://b/val)"),
         (["bench", "s3://b/x"], "bench does not take URLs yet (s3://b/x); stage it first"),
         (["stage", "local", "s3://b/cache"], "stage does not write to URLs yet (s3://b/cache)"),
+        (["info", "local", "--html", "s3://b/r.html"], "info --html does not write to URLs yet"),
     ],
 )
 def test_lifecycle_commands_refuse_urls_in_one_line(
