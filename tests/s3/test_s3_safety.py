@@ -366,7 +366,7 @@ def test_a_missing_dataset_in_an_existing_bucket_is_still_not_found(endpoint: st
         (
             ["convert", "local", "s3://b/y"],
             "convert does not write to URLs yet (s3://b/y); give "
-            "a local directory (only packer build publishes to object storage)",
+            "a local path (only packer build publishes to object storage)",
         ),
         (["append", "s3://b/x", "src"], "append does not write to URLs yet (s3://b/x)"),
         (["append", "out", "s3://b/src"], "append does not take URLs yet (s3://b/src)"),
