@@ -1,12 +1,18 @@
-"""What every ``packer`` command module shares: the error exit and the --format check."""
+"""What every ``packer`` command module shares: the error exit, the --format check and help.
+
+`PackerCommand` and `PackerGroup` write the ``--help`` pages: arguments by their metavar
+(``SRC``, ``OUT``), options as ``--name METAVAR`` with their default, without the type tags
+(``<str>``, ``<bool>``) and braces (``{src}``) that typer's own help shows.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from readers.formats import FORMATS, REGISTRY
 
@@ -74,3 +80,97 @@ def refuse_urls(command: str, *inputs: object, outputs: tuple[object, ...] = ())
             f"{command} does not take URLs yet ({url}); stage it first: packer stage {url} "
             f"DIR, then run packer {command} on DIR"
         )
+
+
+# An option declared without a metavar is shown by the type of its default.
+_METAVAR_BY_TYPE = {int: "N", float: "NUM"}
+
+
+def _argument_name(param: Any) -> str:
+    name = str(param.metavar or (param.name or "").upper())
+    return name + "..." if param.nargs == -1 else name
+
+
+def _option_default(param: Any) -> str | None:
+    """The ``[default: ...]`` text of an option, or None to show none."""
+    shown = getattr(param, "show_default", None)
+    if isinstance(shown, str):
+        return shown
+    if shown is False or param.default is None or getattr(param, "is_flag", False):
+        # a flag is off unless given; a flag pair that is on says so in its help
+        return param.opts[0] if getattr(param, "is_flag", False) and param.default else None
+    if isinstance(param.default, (list, tuple)):
+        return ", ".join(map(str, param.default)) or None
+    return str(param.default)
+
+
+def _option_row(param: Any) -> tuple[str, str]:
+    names = sorted(param.opts, key=lambda o: (o.startswith("--"), o))  # -f, --format
+    first = ", ".join(names)
+    if getattr(param, "is_flag", False):
+        if param.secondary_opts:
+            first += " / " + ", ".join(param.secondary_opts)
+    else:
+        meta = param.metavar or _METAVAR_BY_TYPE.get(type(param.default), "TEXT")
+        first += f" {meta}"
+    text = param.help or ""
+    default = _option_default(param)
+    if default is not None:
+        text = f"{text}  [default: {default}]" if text else f"[default: {default}]"
+    if param.required:
+        text = f"{text}  [required]" if text else "[required]"
+    return first, text
+
+
+def _visible(command: Any, ctx: Any, kind: str) -> Iterator[Any]:
+    for param in command.get_params(ctx):
+        if param.param_type_name == kind and not getattr(param, "hidden", False):
+            yield param
+
+
+def _write_options(command: Any, ctx: Any, formatter: Any) -> None:
+    rows = [_option_row(p) for p in _visible(command, ctx, "option")]
+    if rows:
+        with formatter.section("Options"):
+            formatter.write_dl(rows, col_max=34)
+
+
+class PackerCommand(TyperCommand):
+    """A typer command whose usage line and ``--help`` show metavars and defaults only."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """``[OPTIONS] SRC OUT [OTHERS...]``: arguments by name, optional ones in brackets."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in _visible(self, ctx, "argument"):
+            name = _argument_name(param)
+            pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Usage, the command's text, its arguments and its options, as plain text."""
+        self.format_usage(ctx, formatter)
+        self.format_help_text(ctx, formatter)
+        rows = [(_argument_name(p), p.help or "") for p in _visible(self, ctx, "argument")]
+        if rows:
+            with formatter.section("Arguments"):
+                formatter.write_dl(rows, col_max=34)
+        _write_options(self, ctx, formatter)
+        self.format_epilog(ctx, formatter)
+
+
+class PackerGroup(TyperGroup):
+    """The ``packer`` group: its ``--help`` lists its options and commands as plain text."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Usage, the tool's text, its options and one line per command."""
+        self.format_usage(ctx, formatter)
+        self.format_help_text(ctx, formatter)
+        _write_options(self, ctx, formatter)
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=formatter.width - 14)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
