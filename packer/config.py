@@ -87,8 +87,10 @@ class BuildConfig:
             raise ConfigError(f"--shard-size {self.shard_size}: must be positive")
         if self.workers < 1:
             raise ConfigError(f"--workers {self.workers}: must be at least 1")
+        if not self.src.exists():
+            raise ConfigError(f"SRC {self.src} does not exist")
         if not self.src.is_dir():
-            raise ConfigError(f"SRC {self.src}: not a directory")
+            raise ConfigError(f"SRC {self.src}: a file, not a directory of images")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
         if self.ray_address is not None and self.engine != "ray":

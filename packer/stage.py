@@ -68,6 +68,7 @@ def stage_command(
     limit: Annotated[
         str | None,
         typer.Option(
+            metavar="SIZE",
             help="Most bytes DIR may hold (20GiB, 500MB); least recently used shards of other "
             "datasets are evicted, shards that still do not fit are read from OUT.",
         ),
@@ -78,7 +79,9 @@ def stage_command(
     ] = False,
     progress: Annotated[
         bool | None,
-        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+        typer.Option(
+            "--progress/--no-progress", show_default="on a terminal", help="Progress bar."
+        ),
     ] = None,
 ) -> None:
     """Copy OUT into DIR once per machine (checked, atomic); print the staged directory."""

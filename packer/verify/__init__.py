@@ -18,6 +18,7 @@ from readers.errors import DatasetFormatError, DatasetRebuiltError
 from readers.formats.layout import META_NAME
 from readers.io.readahead import FileAhead
 from readers.meta import load_meta
+from readers.not_dataset import explain_not_dataset
 
 __all__ = ["verify", "verify_packed"]
 
@@ -86,8 +87,9 @@ def verify(path: str | Path, *, deep: bool = False) -> list[str]:
         if bare is not None:
             fmt.checks().verify_bare(bare, deep=deep, report=found.append)
             return found
-    if not root.exists():
-        found.append(f"{root}: does not exist")
+    why = explain_not_dataset(root)  # missing, or a folder of images to pack first
+    if why is not None:
+        found.append(why)
     else:
         hints = [f"a packed dataset ({META_NAME})"] + [f.reader.bare_hint for f in FORMATS.values()]
         found.append(f"{root}: neither " + ", ".join(hints[:-1]) + " nor " + hints[-1])

@@ -33,6 +33,7 @@ from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
+from readers.not_dataset import explain_not_dataset
 from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 from readers.transforms import PlannedImage, is_planner, run_transform
@@ -219,6 +220,10 @@ class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
         elif (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
         else:
+            if self.shard_format.find_bare(self.root) is None:
+                why = explain_not_dataset(self.root)  # missing, or a folder of images
+                if why is not None:
+                    raise DatasetFormatError(why)
             self._open_bare()
 
     # --- opening ---------------------------------------------------------------------------
