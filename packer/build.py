@@ -27,6 +27,7 @@ from packer.errors import (
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
+from packer.labels.hints import prefix_hint
 from packer.output import build_lock, check_output, check_replaceable, prepare_parent
 from packer.plan import (
     MERGING_NAME,
@@ -68,6 +69,7 @@ class BuildSummary:
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
     already_complete: bool = False  # --resume found OUT finished, from the same plan
+    hints: list[str] = field(default_factory=list)  # lines printed after the summary
 
     @classmethod
     def of_complete(cls, out: Path, meta: dict[str, Any], started: float) -> BuildSummary:
@@ -332,12 +334,14 @@ def _build(
             compressed=cfg.transform.compression is not None,
         )
         found = label_problems + merged.problems
+        hint = prefix_hint(cfg.src, label_problems)
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
             raise PackerError(
                 f"no image under {cfg.src} could be packed ({len(found)} problems"
                 + (f": {shown}" if shown else "")
                 + ")"
+                + (f"; {hint}" if hint else "")
             )
         write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
         skipped = {p.path for p in found}
@@ -381,4 +385,5 @@ def _build(
     for p in found:
         summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
     summary.seconds = time.perf_counter() - started
+    summary.hints = [hint] if hint else []
     return summary

@@ -285,12 +285,16 @@ def build(
             if upload is not None:
                 typer.echo(summary.line().replace(str(summary.out), "a local build"), err=True)
                 typer.echo(upload.line())
+                for hint in summary.hints:
+                    typer.echo(hint, err=True)
                 return
         else:
             summary = run_build(make_config(Path(src), Path(out)))
     except (PackerError, ReaderError, StorageExtraMissingError) as exc:
         raise _fail(exc) from None
     typer.echo(summary.line())
+    for hint in summary.hints:
+        typer.echo(hint, err=True)
 
 
 @app.command(cls=PackerCommand)
