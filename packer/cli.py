@@ -9,11 +9,10 @@ from typing import Annotated
 import typer
 
 from packer.clitools import FORMAT_HELP as _FORMAT_HELP
-from packer.clitools import PackerCommand, PackerGroup
+from packer.clitools import PackerCommand, PackerGroup, refuse_urls
 from packer.clitools import check_format as _format
 from packer.clitools import fail as _fail
 from packer.clitools import guarded as _guarded
-from packer.clitools import refuse_urls
 from packer.config import BuildConfig, parse_size, usable_cores
 from packer.errors import ConfigError, PackerError
 from packer.lifecycle_cli import append, convert, dupes, merge, split
@@ -105,7 +104,7 @@ def build(
         typer.Argument(
             metavar="OUT",
             help=f"Output dataset directory (e.g. out.{FORMATS[0]}), or a URL "
-            f"(s3://bucket/out.{FORMATS[0]}): published with meta.json last."
+            f"(s3://bucket/out.{FORMATS[0]}): published with meta.json last.",
         ),
     ],
     format: Annotated[
@@ -130,7 +129,7 @@ def build(
         int,
         typer.Option(
             metavar="N",
-            help="With class folders: how many folder levels name the class (2: animals/cat)."
+            help="With class folders: how many folder levels name the class (2: animals/cat).",
         ),
     ] = 1,
     class_map: Annotated[
@@ -206,7 +205,7 @@ def build(
         str | None,
         typer.Option(
             metavar="S|WxH",
-            help="S: scale so the shorter side is S pixels; WxH: fit within. Never upscales."
+            help="S: scale so the shorter side is S pixels; WxH: fit within. Never upscales.",
         ),
     ] = None,
     encode: Annotated[
@@ -214,7 +213,7 @@ def build(
         typer.Option(
             metavar="keep|jpeg|png|raw",
             help="keep (original bytes; same format when resized), jpeg, png, or raw "
-            "(decoded pixels: no decode at training time, larger on disk)."
+            "(decoded pixels: no decode at training time, larger on disk).",
         ),
     ] = "keep",
     compress: Annotated[
@@ -304,7 +303,7 @@ def verify(
         typer.Argument(
             metavar="OUT",
             help=f"A packed dataset (a directory or a URL), or a bare copy of a format: "
-            f"{_BARE_HELP}."
+            f"{_BARE_HELP}.",
         ),
     ],
     deep: Annotated[bool, typer.Option(help="Also decode every image and check its size.")] = False,
@@ -401,7 +400,9 @@ def bench(
     ] = None,
     batches: Annotated[
         int | None,
-        typer.Option(metavar="N", help="Batches per timed round (with --seconds: what ends first)."),
+        typer.Option(
+            metavar="N", help="Batches per timed round (with --seconds: what ends first)."
+        ),
     ] = None,
     seconds: Annotated[
         float | None,
@@ -421,22 +422,18 @@ def bench(
     ] = 3,
     warmup: Annotated[
         int | None,
-        typer.Option(
-            metavar="N", show_default="enough to start up", help="Batches skipped first."
-        ),
+        typer.Option(metavar="N", show_default="enough to start up", help="Batches skipped first."),
     ] = None,
     decode: Annotated[
         str,
-        typer.Option(
-            metavar="MODE", help="rgb, bgr, gray, unchanged or bytes (no decode)."
-        ),
+        typer.Option(metavar="MODE", help="rgb, bgr, gray, unchanged or bytes (no decode)."),
     ] = "rgb",
     transform: Annotated[
         str,
         typer.Option(
             metavar="NAME",
             help="none, resize224 (HWC uint8 224x224) or imagenet (resize 256, crop 224, "
-            "CHW float32 normalised)."
+            "CHW float32 normalised).",
         ),
     ] = "none",
     compare: Annotated[
@@ -457,7 +454,7 @@ def bench(
         typer.Option(
             metavar="N",
             help="Samples to time decoding on, and what --encode raw --compress lz4 or "
-            "draft= would save (0 skips)."
+            "draft= would save (0 skips).",
         ),
     ] = 256,
     draft: Annotated[

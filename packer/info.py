@@ -11,8 +11,8 @@ import numpy as np
 from packer.metadata import class_names, meta_problems, shard_disk_bytes
 from packer.terminal import shown
 from readers.columnar import COMPRESSIONS
-from readers.formats.layout import META_NAME
 from readers.errors import DatasetFormatError
+from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index
 from readers.not_dataset import explain_not_dataset
 

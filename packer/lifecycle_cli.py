@@ -21,7 +21,6 @@ from packer.errors import ConfigError, DatasetMissingError, PackerError
 from readers.errors import ReaderError
 from readers.formats import FORMATS
 
-
 _OUTS = "OUT's own"  # append: an option not given is the one OUT was built with
 
 
@@ -65,7 +64,7 @@ def convert(
         typer.Option(
             metavar="packer|webdataset|folder",
             help="packer (a dataset), webdataset (%06d.tar shards) or folder (class folders, "
-            "or images/ + labels.txt when labels are not class ids)."
+            "or images/ + labels.txt when labels are not class ids).",
         ),
     ] = "packer",
     shard_size: Annotated[
@@ -132,7 +131,7 @@ def append(
         typer.Option(
             metavar="keep|grow",
             help="keep: a class name OUT lacks is an error; grow: new names get the next ids "
-            "after OUT's (old ids never change)."
+            "after OUT's (old ids never change).",
         ),
     ] = "keep",
     shard_size: Annotated[
@@ -141,14 +140,14 @@ def append(
     workers: Annotated[
         int,
         typer.Option(
-            metavar="N", show_default=f"all usable cores, {usable_cores()} here", help="As for build."
+            metavar="N",
+            show_default=f"all usable cores, {usable_cores()} here",
+            help="As for build.",
         ),
     ] = 0,
     decode_check: Annotated[
         bool | None,
-        typer.Option(
-            "--decode-check/--no-decode-check", show_default=_OUTS, help="As for build."
-        ),
+        typer.Option("--decode-check/--no-decode-check", show_default=_OUTS, help="As for build."),
     ] = None,
     on_error: Annotated[
         str | None, typer.Option(metavar="skip|fail", show_default=_OUTS, help="skip or fail.")
@@ -214,7 +213,7 @@ def merge(
         typer.Option(
             metavar="SIZE",
             help="Plan new shards of this size (default: keep the sources' shards, hard-linking "
-            "those whose bytes stay the same)."
+            "those whose bytes stay the same).",
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
@@ -253,17 +252,13 @@ def _no_positional_parts(value: list[str] | None) -> None:
 
 
 def split(
-    out: Annotated[
-        Path, typer.Argument(metavar="OUT", help="The dataset to split (read only).")
-    ],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="The dataset to split (read only).")],
     into: Annotated[
         Path, typer.Argument(metavar="DIR", help="Directory to write DIR/<part> into.")
     ],
     parts: Annotated[
         str,
-        typer.Option(
-            "--into", metavar="NAME=FRACTION,...", help="The parts: train=0.9,val=0.1."
-        ),
+        typer.Option("--into", metavar="NAME=FRACTION,...", help="The parts: train=0.9,val=0.1."),
     ],
     extra: Annotated[
         list[str] | None,
@@ -307,7 +302,10 @@ def dupes(
         ),
     ] = False,
     threshold: Annotated[
-        int, typer.Option(metavar="0..3", help="--near: the most hash bits two copies may differ in (0..3).")
+        int,
+        typer.Option(
+            metavar="0..3", help="--near: the most hash bits two copies may differ in (0..3)."
+        ),
     ] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:

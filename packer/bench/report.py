@@ -152,9 +152,7 @@ def _describe_limit(cfg: BenchConfig) -> str:
         parts.append(f"{cfg.limit_seconds:g} s")
     if cfg.batches is not None:
         parts.append(f"{cfg.batches} batches")
-    return (
-        f"{cfg.rounds} to {3 * cfg.rounds} rounds of " + " or ".join(parts) + " after warm-up"
-    )
+    return f"{cfg.rounds} to {3 * cfg.rounds} rounds of " + " or ".join(parts) + " after warm-up"
 
 
 def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> BenchReport:

@@ -273,7 +273,8 @@ def test_recommend_the_smallest_within_the_noise_of_the_best():
 def test_spread_and_when_to_time_another_round():
     assert spread([100.0, 110.0, 90.0]) == pytest.approx(0.2)
     assert spread([100.0]) == 0.0
-    assert more_rounds([]) and more_rounds([100.0, 100.0])  # fewer than 3
+    assert more_rounds([])
+    assert more_rounds([100.0, 100.0])
     assert not more_rounds([100.0, 101.0, 99.0])  # 2% apart: done
     assert more_rounds([100.0, 130.0, 90.0])  # 40% apart: once more
     assert not more_rounds([100.0, 130.0, 90.0] * 3)  # but 9 rounds at most

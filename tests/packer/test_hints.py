@@ -29,9 +29,7 @@ def ocr_tree(root: Path, *, prefixed: int, plain: int = 0) -> Path:
     The first `prefixed` lines name their image as ``imgs/...`` (from SRC's parent).
     """
     files = sorted(write_tree(root / "imgs", {"lines": prefixed + plain}))
-    lines = [
-        f"{'imgs/' if i < prefixed else ''}{rel}\tWORD{i}\n" for i, rel in enumerate(files)
-    ]
+    lines = [f"{'imgs/' if i < prefixed else ''}{rel}\tWORD{i}\n" for i, rel in enumerate(files)]
     (root / "labels.txt").write_text("".join(lines))
     return root / "imgs"
 
@@ -123,15 +121,15 @@ def test_info_and_verify_tell_missing_from_a_file(tmp_path):
     assert missing.output == f"packer: error: {tmp_path / 'nope'}: does not exist\n"
     a_file = runner.invoke(app, ["info", str(tmp_path / "notes.txt")])
     assert a_file.exit_code == 2
-    assert "notes.txt: a file, not a packed dataset (a directory with meta.json)" in (
-        a_file.output
+    assert "notes.txt: a file, not a packed dataset (a directory with meta.json)" in (a_file.output)
+    assert (
+        f"{tmp_path / 'nope'}: does not exist"
+        in runner.invoke(app, ["verify", str(tmp_path / "nope")]).output
     )
-    assert f"{tmp_path / 'nope'}: does not exist" in runner.invoke(
-        app, ["verify", str(tmp_path / "nope")]
-    ).output
-    assert "notes.txt: neither a packed dataset" in runner.invoke(
-        app, ["verify", str(tmp_path / "notes.txt")]
-    ).output
+    assert (
+        "notes.txt: neither a packed dataset"
+        in runner.invoke(app, ["verify", str(tmp_path / "notes.txt")]).output
+    )
 
 
 def test_a_missing_src_and_a_file_src_are_told_apart(tmp_path):
