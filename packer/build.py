@@ -271,6 +271,8 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         PackerError: see `_build`.
     """
     check_output(cfg, build_dir=temp_dir_for(cfg.out))
+    if (cfg.out.exists() or cfg.out.is_symlink()) and not cfg.overwrite and not cfg.resume:
+        raise OutputExistsError(str(cfg.out))  # before a pool is started only to be stopped
     prepare_parent(cfg.out)
     with build_lock(cfg.out), _early_pool(cfg) as pool:
         return _build(cfg, log=log, pool=pool)

@@ -141,3 +141,15 @@ def test_a_missing_src_and_a_file_src_are_told_apart(tmp_path):
     result = runner.invoke(app, ["build", str(tmp_path / "nope"), str(tmp_path / "o")])
     assert result.exit_code == 2
     assert result.output == f"packer: error: SRC {tmp_path / 'nope'} does not exist\n"
+
+
+def test_an_out_that_is_a_file_is_not_offered_overwrite(tree, tmp_path):
+    src, _ = tree
+    (tmp_path / "notes.txt").write_text("hi")
+    result = runner.invoke(app, ["build", str(src), str(tmp_path / "notes.txt")])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"packer: error: {tmp_path / 'notes.txt'} already exists and is a file, not a dataset "
+        "directory; choose another OUT (or remove the file)\n"
+    )
+    assert (tmp_path / "notes.txt").read_text() == "hi"
