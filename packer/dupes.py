@@ -21,6 +21,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from packer.engines import progress_bar
 from packer.errors import PackerError
 from packer.metadata import class_names
 from packer.nearhash import DEFAULT_HASH, DEFAULT_THRESHOLD, HASHES, group_near
@@ -292,7 +293,7 @@ def _gray(source: Source, i: int) -> np.ndarray:
 
 
 def _near_groups(
-    rows: _Rows, threshold: int, hash_name: str, unhashed: list[dict[str, Any]]
+    rows: _Rows, threshold: int, hash_name: str, unhashed: list[dict[str, Any]], bar: Any = None
 ) -> list[np.ndarray]:
     hash_image = HASHES[hash_name]
     hashes = np.zeros(len(rows.crc32), dtype=np.uint64)
@@ -305,6 +306,8 @@ def _near_groups(
                 ok[first + i] = True
             except (ValueError, cv2.error) as exc:
                 unhashed.append({**source.member(i), "reason": f"does not decode ({exc})"})
+            if bar is not None:
+                bar.update(1)
     kept = np.flatnonzero(ok)
     return [kept[g] for g in group_near(hashes[kept], threshold)]
 
@@ -315,8 +318,11 @@ def find_dupes(
     near: bool = False,
     threshold: int = DEFAULT_THRESHOLD,
     hash_name: str = DEFAULT_HASH,
+    progress: bool | None = None,
 ) -> DupesReport:
     """Groups of identical (and with `near`, near-identical) images in the datasets at `paths`.
+
+    `progress`: bars over the candidates read and the images hashed (None: on a terminal).
 
     Raises:
         NotPackedError: a path is not a packed dataset.
@@ -324,7 +330,15 @@ def find_dupes(
     """
     rows = _Rows(load_sources(paths))
     report = DupesReport([str(p) for p in paths], near=near)
-    exact = confirm_candidates(exact_candidates(rows.crc32, rows.nbytes), rows.read)
+    runs = exact_candidates(rows.crc32, rows.nbytes)
+    candidates = sum(len(r) for r in runs)
+    with progress_bar(candidates, progress if candidates else False, desc="comparing") as bar:
+
+        def read(row: int) -> bytes:
+            bar.update(1)
+            return rows.read(row)
+
+        exact = confirm_candidates(runs, read)
     exact_sets = set()
     for members, digest in exact:
         exact_sets.add(tuple(members.tolist()))
@@ -338,7 +352,9 @@ def find_dupes(
         )
     if near:
         report.threshold, report.hash = threshold, hash_name
-        for members in _near_groups(rows, threshold, hash_name, report.unhashed):
+        with progress_bar(len(rows.crc32), progress, desc="hashing") as bar:
+            near_groups = _near_groups(rows, threshold, hash_name, report.unhashed, bar)
+        for members in near_groups:
             if tuple(members.tolist()) not in exact_sets:  # already reported as identical
                 report.groups.append(DupeGroup("near", [rows.member(r) for r in members.tolist()]))
     report.groups.sort(
