@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,9 @@ def interrupted(exc: KeyboardInterrupt) -> typer.Exit:
     from packer.feedback import Interrupted
 
     kept = exc.kept if isinstance(exc, Interrupted) else _UNCHANGED
-    typer.echo(f"packer: interrupted: {kept}", err=True)
+    # on a terminal, over a progress bar that the interruption left half drawn
+    start = "\r\x1b[K" if sys.stderr.isatty() else ""
+    typer.echo(f"{start}packer: interrupted: {kept}", err=True)
     return typer.Exit(130)
 
 

@@ -1,0 +1,116 @@
+"""Ctrl-C: one ``packer: interrupted`` line (what is kept, how to go on), exit 130, no traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from packer.build import temp_dir_for
+from packer.writers.part import read_done
+from tests.packer.test_progress import TerminalRun, noise_tree, packer_cmd, packer_env
+
+
+def _ctrl_c(proc: subprocess.Popen[str], when: object, timeout: float = 60.0) -> tuple[str, str]:
+    """Send SIGINT to the process group of `proc` (as a terminal's Ctrl-C) once `when()`."""
+    deadline = time.monotonic() + timeout
+    while not when():  # type: ignore[operator]
+        assert proc.poll() is None, "the command ended before it could be interrupted"
+        assert time.monotonic() < deadline, "the command never got there"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return out, err
+
+
+def _finished_shards(tmp: Path) -> int:
+    return sum(read_done(tmp, n) is not None for n in range(64)) if tmp.is_dir() else 0
+
+
+def _one_interrupted_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.replace("\x1b[K", "").splitlines()  # a terminal's line: over the bar
+    lines = [line for line in lines if line.startswith("packer: interrupted")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        packer_cmd(*args), capture_output=True, text=True, env=packer_env(), check=False
+    )
+
+
+def _start(*args: str, delay: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        packer_cmd(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=packer_env(delay=delay),
+        start_new_session=True,  # its own process group: the SIGINT reaches the pool too
+    )
+
+
+def test_ctrl_c_during_a_parallel_build_keeps_finished_shards_for_resume(tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out.lmdb"
+    total_bytes = noise_tree(src, 160)
+    args = ["build", str(src), str(out), "--workers", "2", "--shard-size", str(total_bytes // 4)]
+    tmp = temp_dir_for(out)
+    proc = _start(*args, delay=0.01)
+    _, err = _ctrl_c(proc, lambda: _finished_shards(tmp) >= 1)
+    assert proc.returncode == 130, err
+    line = _one_interrupted_line(err)
+    kept = _finished_shards(tmp)
+    assert f"{kept} of " in line
+    assert "--resume" in line
+    assert str(tmp) in line
+    assert not out.exists()
+
+    resumed = _run(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{kept} finished shard(s) kept" in resumed.stderr
+    assert "packed 160 images" in resumed.stdout
+    verified = _run("verify", str(out), "--deep")
+    assert verified.returncode == 0, verified.stdout
+
+
+def test_ctrl_c_during_convert_keeps_finished_shards_for_resume(tmp_path: Path) -> None:
+    src, packed, out = tmp_path / "src", tmp_path / "in.lmdb", tmp_path / "out.rec"
+    total_bytes = noise_tree(src, 120)
+    built = _run("build", str(src), str(packed), "--shard-size", str(total_bytes // 4))
+    assert built.returncode == 0, built.stderr
+    args = ["convert", str(packed), str(out), "--format", "recordio"]
+    args += ["--shard-size", str(total_bytes // 4)]
+    tmp = temp_dir_for(out)
+    proc = _start(*args, delay=0.01)
+    _, err = _ctrl_c(proc, lambda: _finished_shards(tmp) >= 1)
+    assert proc.returncode == 130, err
+    line = _one_interrupted_line(err)
+    assert "shards finished are kept" in line
+    assert "--resume" in line
+
+    resumed = _run(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "finished shard(s) kept" in resumed.stderr
+    verified = _run("verify", str(out), "--deep")
+    assert verified.returncode == 0, verified.stdout
+
+
+def test_ctrl_c_during_verify_says_nothing_changed(tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out.lmdb"
+    noise_tree(src, 30)
+    assert _run("build", str(src), str(out)).returncode == 0
+    # on a terminal the bar shows when the checks have started: interrupt them then
+    run = TerminalRun(
+        packer_cmd("verify", str(out), "--deep"), packer_env(delay=0.05), start_new_session=True
+    )
+    assert run.read_until(b"verifying")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    rc, stdout, err = run.finish()
+    assert rc == 130, err
+    line = _one_interrupted_line(err)
+    assert line == "packer: interrupted: nothing was written or changed"
+    assert "OK" not in stdout
