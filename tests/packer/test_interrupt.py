@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 from packer.build import temp_dir_for
+from packer.verify import verify
 from packer.writers.part import read_done
+from tests.conftest import build_packed
 from tests.packer.test_progress import TerminalRun, noise_tree, packer_cmd, packer_env
 
 
@@ -73,15 +75,13 @@ def test_ctrl_c_during_a_parallel_build_keeps_finished_shards_for_resume(tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     assert f"{kept} finished shard(s) kept" in resumed.stderr
     assert "packed 160 images" in resumed.stdout
-    verified = _run("verify", str(out), "--deep")
-    assert verified.returncode == 0, verified.stdout
+    assert verify(out, deep=True) == []
 
 
 def test_ctrl_c_during_convert_keeps_finished_shards_for_resume(tmp_path: Path) -> None:
     src, packed, out = tmp_path / "src", tmp_path / "in.lmdb", tmp_path / "out.rec"
     total_bytes = noise_tree(src, 120)
-    built = _run("build", str(src), str(packed), "--shard-size", str(total_bytes // 4))
-    assert built.returncode == 0, built.stderr
+    build_packed(src, packed, "lmdb", shard_size=total_bytes // 4, workers=1)
     args = ["convert", str(packed), str(out), "--format", "recordio"]
     args += ["--shard-size", str(total_bytes // 4)]
     tmp = temp_dir_for(out)
@@ -95,14 +95,13 @@ def test_ctrl_c_during_convert_keeps_finished_shards_for_resume(tmp_path: Path) 
     resumed = _run(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "finished shard(s) kept" in resumed.stderr
-    verified = _run("verify", str(out), "--deep")
-    assert verified.returncode == 0, verified.stdout
+    assert verify(out, deep=True) == []
 
 
 def test_ctrl_c_during_verify_says_nothing_changed(tmp_path: Path) -> None:
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
     noise_tree(src, 30)
-    assert _run("build", str(src), str(out)).returncode == 0
+    build_packed(src, out, "lmdb", workers=1)
     # on a terminal the bar shows when the checks have started: interrupt them then
     run = TerminalRun(
         packer_cmd("verify", str(out), "--deep"), packer_env(delay=0.05), start_new_session=True
@@ -114,3 +113,64 @@ def test_ctrl_c_during_verify_says_nothing_changed(tmp_path: Path) -> None:
     line = _one_interrupted_line(err)
     assert line == "packer: interrupted: nothing was written or changed"
     assert "OK" not in stdout
+
+
+def _any_done(root: Path) -> bool:
+    return any(root.rglob("shard-*.done.json")) if root.is_dir() else False
+
+
+def test_ctrl_c_during_append_leaves_out_unchanged(tmp_path: Path) -> None:
+    first, more, out = tmp_path / "first", tmp_path / "more", tmp_path / "out.lmdb"
+    noise_tree(first, 20)
+    total_bytes = noise_tree(more, 80, seed=1, prefix="more")
+    build_packed(first, out, "lmdb", workers=1)
+    args = ["append", str(out), str(more), "--workers", "1"]
+    args += ["--shard-size", str(total_bytes // 4)]
+    proc = _start(*args, delay=0.01)
+    _, err = _ctrl_c(proc, lambda: _any_done(temp_dir_for(out)))
+    assert proc.returncode == 130, err
+    line = _one_interrupted_line(err)
+    assert line == f"packer: interrupted: {out} is unchanged; run the same command again"
+    assert verify(out) == []
+    assert '"num_samples": 20' in (out / "meta.json").read_text()
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr
+    assert '"num_samples": 100' in (out / "meta.json").read_text()
+
+
+def test_ctrl_c_during_merge_keeps_finished_shards_for_resume(tmp_path: Path) -> None:
+    parts = []
+    for n in range(2):
+        src, packed = tmp_path / f"src{n}", tmp_path / f"in{n}.lmdb"
+        total_bytes = noise_tree(src, 60, seed=n)
+        build_packed(src, packed, "lmdb", shard_size=total_bytes // 2, workers=1)
+        parts.append(str(packed))
+    out = tmp_path / "merged.lmdb"
+    args = ["merge", str(out), *parts, "--shard-size", str(total_bytes // 3)]
+    proc = _start(*args, delay=0.01)
+    _, err = _ctrl_c(proc, lambda: _any_done(temp_dir_for(out)))
+    assert proc.returncode == 130, err
+    assert "--resume" in _one_interrupted_line(err)
+    resumed = _run(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "finished shard(s) kept" in resumed.stderr
+    assert verify(out) == []
+
+
+def test_ctrl_c_during_split_puts_no_part_in_place(tmp_path: Path) -> None:
+    src, packed, into = tmp_path / "src", tmp_path / "in.lmdb", tmp_path / "parts"
+    total_bytes = noise_tree(src, 100)
+    build_packed(src, packed, "lmdb", shard_size=total_bytes // 4, workers=1)
+    args = ["split", str(packed), str(into), "--into", "train=0.5,val=0.5"]
+    proc = _start(*args, delay=0.01)
+    _, err = _ctrl_c(proc, lambda: _any_done(into))
+    assert proc.returncode == 130, err
+    line = _one_interrupted_line(err)
+    assert line == (
+        f"packer: interrupted: no part was put in place, {into} is as it was; run the same "
+        "command again"
+    )
+    assert not (into / "train").exists()
+    assert not (into / "val").exists()
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr

@@ -22,7 +22,7 @@ from tests.conftest import encode
 COUNTS = re.compile(r"(\d+)/(\d+) \[")
 
 
-def noise_tree(root: Path, count: int, *, seed: int = 0) -> int:
+def noise_tree(root: Path, count: int, *, seed: int = 0, prefix: str = "img") -> int:
     """`count` 16x16 noise PNGs in two class folders; returns their total bytes."""
     rng = np.random.default_rng(seed)
     total = 0
@@ -30,7 +30,7 @@ def noise_tree(root: Path, count: int, *, seed: int = 0) -> int:
         folder = root / ("a" if i % 2 else "b")
         folder.mkdir(parents=True, exist_ok=True)
         data = encode(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), ".png")
-        (folder / f"img_{i:04d}.png").write_bytes(data)
+        (folder / f"{prefix}_{i:04d}.png").write_bytes(data)
         total += len(data)
     return total
 
@@ -143,30 +143,18 @@ def test_verify_deep_shows_a_bar_on_a_terminal_only(tmp_path: Path) -> None:
 
 
 def test_dupes_json_is_unchanged_by_the_bar(tmp_path: Path) -> None:
+    from packer.dupes import find_dupes
+    from tests.conftest import build_packed
+
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
     noise_tree(src, 20)
     (src / "a" / "copy.png").write_bytes((src / "a" / "img_0001.png").read_bytes())
-    built = subprocess.run(
-        packer_cmd("build", str(src), str(out), "--workers", "1"),
-        capture_output=True,
-        text=True,
-        env=packer_env(),
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    quiet = subprocess.run(
-        packer_cmd("dupes", str(out), "--near", "--json"),
-        capture_output=True,
-        text=True,
-        env=packer_env(),
-        check=False,
-    )
-    assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stderr == ""
+    build_packed(src, out, "lmdb", workers=1)
     run = TerminalRun(packer_cmd("dupes", str(out), "--near", "--json"), packer_env())
     rc, stdout, err = run.finish()
     assert rc == 0, err
-    assert stdout == quiet.stdout
-    assert json.loads(stdout)["groups"]
+    expected = find_dupes([out], near=True, progress=False).as_json()
+    assert stdout == json.dumps(expected, indent=2, ensure_ascii=False) + "\n"
+    assert expected["groups"]
     assert "hashing" in err
     assert shown_counts(err, 21)[-1] == 21
