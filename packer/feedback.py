@@ -38,8 +38,14 @@ class Interrupted(KeyboardInterrupt):
 
 def shards_kept(tmp: Path, numbers: Iterable[int]) -> Interrupted:
     """The `Interrupted` of a build-like run whose planned shards `numbers` are in `tmp`."""
+    from packer.plan import MERGING_NAME
     from packer.writers.part import read_done
 
+    if (tmp / MERGING_NAME).exists():  # --resume starts such a build over (packer.build)
+        return Interrupted(
+            f"it was merging the shards' index in {tmp}, which cannot be resumed; run the "
+            "same command again"
+        )
     planned = list(numbers)
     finished = sum(read_done(tmp, n) is not None for n in planned)
     return Interrupted(

@@ -174,3 +174,19 @@ def test_ctrl_c_during_split_puts_no_part_in_place(tmp_path: Path) -> None:
     assert not (into / "val").exists()
     again = _run(*args)
     assert again.returncode == 0, again.stderr
+
+
+def test_interrupted_while_merging_does_not_promise_resume(tmp_path: Path) -> None:
+    from packer.feedback import shards_kept
+    from packer.plan import MERGING_NAME
+
+    tmp = tmp_path / ".out.lmdb.partial"
+    tmp.mkdir()
+    assert shards_kept(tmp, range(3)).kept == (
+        f"0 of 3 shards finished are kept in {tmp}; run the same command with --resume to finish"
+    )
+    (tmp / MERGING_NAME).touch()
+    assert shards_kept(tmp, range(3)).kept == (
+        f"it was merging the shards' index in {tmp}, which cannot be resumed; run the same "
+        "command again"
+    )
