@@ -38,9 +38,10 @@ demo: $(DEMO_STAMP)
 	$(BIN)/packer info $(DEMO)/sample.lmdb
 	$(BIN)/python scripts/demo_read.py $(DEMO)/sample.lmdb $(DEMO)/images
 
-# A wheel in dist/ (paddle_packer-VERSION-py3-none-any.whl): pip install 'dist/<it>[cpu]'
+# A wheel in dist/ (paddle_packer-VERSION-py3-none-any.whl): pip install 'dist/<it>[cpu]'.
+# build/ goes first: setuptools would pack what an earlier build left in build/lib.
 dist: | $(BIN)/python
-	rm -rf build dist/paddle_packer-*.whl  # build/lib would keep files deleted since
+	rm -rf build dist/paddle_packer-*.whl
 	$(BIN)/python -m pip wheel --quiet --no-deps $(DIST_FLAGS) --wheel-dir dist .
 	ls dist/paddle_packer-*.whl
 
