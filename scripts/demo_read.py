@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ import coldwarm
 import pagecache
 
 BATCH = 64
+NOISY = 1.5
+"""A row whose largest per-round ratio exceeds its smallest this many times is called noisy."""
 SOURCES = ("packed", "loose")
 WARM, COLD, SLOW = "warm", "cold", "on an emulated HDD"
 
@@ -207,7 +210,7 @@ def report(args: argparse.Namespace, res: dict[Any, Any], step_row: str, skipped
         "alternating"
     )
     print(f"  {'samples/s':22}{'packed':>9}{'loose':>9}{'packed/loose':>14}   (per round)")
-    ratios, why = {}, []
+    ratios, why, noisy = {}, [], []
     for row, by in res.items():
         if row == "step":
             continue
@@ -218,6 +221,12 @@ def report(args: argparse.Namespace, res: dict[Any, Any], step_row: str, skipped
         print(f"  {row:22}{p:9,.0f}{loose:9,.0f}{ratios[row]:13.2f}x   ({each})")
         if ratios[row] < 1.1:
             why.append(f"  {row}, no gain: {WHY[row].format(size=args.size)}")
+        if max(rounds) > NOISY * min(rounds):
+            noisy.append(row)
+            why.append(
+                f"  {row}: the rounds disagree ({min(rounds):.2f}x to {max(rounds):.2f}x), so "
+                "something else ran on this machine; the median is a rough figure (--rounds 5)"
+            )
     if skipped:
         print(f"  {SLOW:22}skipped: {skipped}")
     else:
@@ -231,13 +240,17 @@ def report(args: argparse.Namespace, res: dict[Any, Any], step_row: str, skipped
         f"Training job, {args.step_ms} ms step per batch ({step_row}): waiting for data "
         f"{wp:.0%} of the time packed, {wl:.0%} with loose files"
     )
-    print(headline(ratios, wp, wl, step_row))
+    print(headline(ratios, wp, wl, step_row, noisy))
 
 
-def headline(ratios: dict[str, float], wp: float, wl: float, step_row: str) -> str:
-    """One line that claims only what the rows above show, losses included."""
-    wins = [f"{r:.1f}x {row}" for row, r in ratios.items() if r >= 1.1]
-    rest = [f"{row} {r:.2f}x" for row, r in ratios.items() if r < 1.1]
+def headline(
+    ratios: dict[str, float], wp: float, wl: float, step_row: str, noisy: Sequence[str] = ()
+) -> str:
+    """One line that claims only what the rows above show, losses included; `noisy` rows
+    (their rounds disagree) are marked."""
+    mark = {row: " (noisy)" if row in noisy else "" for row in ratios}
+    wins = [f"{r:.1f}x {row}{mark[row]}" for row, r in ratios.items() if r >= 1.1]
+    rest = [f"{row} {r:.2f}x{mark[row]}" for row, r in ratios.items() if r < 1.1]
     parts = ["packed reads ran " + ", ".join(wins) + " as fast as loose files"] if wins else []
     if wl - wp >= 0.05:
         parts.append(f"a training step waited for data {wp:.0%} of the time, not {wl:.0%}")

@@ -55,6 +55,25 @@ def test_a_row_that_loses_is_explained_and_never_in_the_headline(
     assert result.endswith("no gain warm 0.62x (why: above).")
 
 
+def test_rounds_that_disagree_are_called_noisy(
+    demo: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    res = {
+        demo.WARM: {"packed": _runs([2280, 890, 650]), "loose": _runs([1000, 1000, 1000])},
+        demo.COLD: {"packed": _runs([1600, 1700, 1400]), "loose": _runs([1000, 1000, 1000])},
+        "step": {"packed": _runs([1, 1, 1], 0.01), "loose": _runs([1, 1, 1], 0.02)},
+    }
+    args = type("Args", (), {"workers": 2, "rounds": 3, "step_ms": 20, "size": "64x64"})()
+    demo.report(args, res, demo.COLD, "not root")
+    out = capsys.readouterr().out
+    assert "  warm: the rounds disagree (0.65x to 2.28x)" in out
+    assert "cold: the rounds" not in out
+    assert out.splitlines()[-1] == (
+        "Result: packed reads ran 1.6x cold as fast as loose files; both kept a training job fed "
+        "(cold); no gain warm 0.89x (noisy) (why: above)."
+    )
+
+
 def test_the_headline_says_when_packing_gained_nothing(demo: ModuleType) -> None:
     line = demo.headline({demo.WARM: 0.9, demo.COLD: 1.05}, 0.02, 0.01, demo.COLD)
     assert "ran" not in line
