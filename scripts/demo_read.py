@@ -7,7 +7,8 @@ the median of ``--rounds`` rounds. Both sources decode with OpenCV to RGB, in a 
 (loose files: ``shuffle=True``; packed: ``ChunkShuffleBatchSampler``), ``--workers`` workers,
 batch 64, timed from the first batch (worker start-up left out). The rows:
 
-- warm: the source's files read into the page cache just before (loose files' best case);
+- warm: the source's files read into the page cache just before (loose files' best case),
+  three epochs per timing;
 - cold: the data's pages (both sources') evicted first (``pagecache.make_cold``, checked
   with ``mincore``); the files' metadata stays cached;
 - emulated hard disk: cold, and the disk throttled to 100 MiB/s and 300 IOPS (a blkio cgroup,
@@ -39,6 +40,8 @@ import coldwarm
 import pagecache
 
 BATCH = 64
+WARM_EPOCHS = 3
+"""Epochs per warm timing (a cold one is one epoch: the second would be warm)."""
 NOISY = 1.5
 """A row whose largest per-round ratio exceeds its smallest this many times is called noisy."""
 SOURCES = ("packed", "loose")
@@ -86,6 +89,23 @@ class FirstBatches:
         return itertools.islice(iter(self.batches), self.n)
 
 
+class Epochs:
+    """`n` epochs of a batch sampler as one pass (a warm pass of one epoch lasts a fraction of a
+    second, and a busy moment of the machine would decide it)."""
+
+    def __init__(self, batches: Any, n: int) -> None:
+        self.batches, self.n = batches, n
+
+    def __len__(self) -> int:
+        return self.n * len(self.batches)
+
+    def __iter__(self) -> Any:
+        for epoch in range(self.n):
+            if hasattr(self.batches, "set_epoch"):
+                self.batches.set_epoch(epoch + 1)
+            yield from self.batches
+
+
 def time_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Read one source under one condition in this fresh process; samples, seconds, waits."""
     warnings.filterwarnings("ignore")
@@ -106,6 +126,8 @@ def time_one(spec: dict[str, Any]) -> dict[str, Any]:
         batches = [ids[s : s + BATCH] for s in range(0, len(ids), BATCH)]
     if spec["batches"]:
         batches = FirstBatches(batches, spec["batches"])
+    if spec["condition"] == WARM:
+        batches = Epochs(batches, WARM_EPOCHS)
     result: dict[str, Any] = {"cached": 0.0}
     if spec["condition"] == WARM:
         own = packed if spec["source"] == "packed" else loose
