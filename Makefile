@@ -12,7 +12,7 @@ DIST_FLAGS ?=
 
 .PHONY: venv install demo test test-all lint bench dist clean
 
-venv: $(BIN)/python
+venv: $(STAMP)
 install: $(STAMP)
 
 $(BIN)/python:
