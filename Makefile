@@ -60,7 +60,7 @@ bench: $(STAMP)
 	mkdir -p bench-results
 	for script in scripts/bench_*.py; do \
 		[ -e "$$script" ] || continue; \
-		$(BIN)/python "$$script" --out bench-results || exit 1; \
+		$(BIN)/python "$$script" --out bench-results --docs docs/benchmarks.md || exit 1; \
 	done
 
 clean:
