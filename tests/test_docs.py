@@ -51,6 +51,8 @@ EXCLUDE = {
     "README.md",
 }
 MARK = re.compile(r"#\s*doc:\s*(skip-run|needs\s+s3|needs\s+ray)\b\s*(.*)")
+TIMEOUT_S = 120
+"""A file's blocks run in seconds; a block that hangs (a DataLoader worker's error) fails."""
 DOC_FILES = ("imgs", "labels.txt", "out.lmdb", "out.rec", "ocr.lmdb")
 
 RUNNER = """\
@@ -158,14 +160,18 @@ def test_python_blocks_run(
             shutil.copy2(source, work / name)
     (work / "blocks.json").write_text(json.dumps([asdict(b) for b in blocks]))
     (work / "run_blocks.py").write_text(RUNNER)
-    result = subprocess.run(
-        [sys.executable, "run_blocks.py", "blocks.json"],
-        cwd=work,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "run_blocks.py", "blocks.json"],
+            cwd=work,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as exc:  # paddle's DataLoader hangs on a worker's error
+        started = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout
+        pytest.fail(f"{doc}: still running after {TIMEOUT_S} s; blocks started:\n{started}")
     assert result.returncode == 0, (
         f"{doc}: a block failed\n{result.stdout[-3000:]}\n" + (result.stderr[-6000:])
     )
