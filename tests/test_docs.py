@@ -45,11 +45,7 @@ else:
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_GLOBS = ("README.md", "docs/**/*.md")
-EXCLUDE = {
-    # README.md is being rewritten; its blocks still use names that do not exist and
-    # paths of a real cluster. Remove it from this set once it is rewritten.
-    "README.md",
-}
+EXCLUDE: set[str] = set()  # Markdown files whose blocks are not run (none)
 MARK = re.compile(r"#\s*doc:\s*(skip-run|needs\s+s3|needs\s+ray)\b\s*(.*)")
 TIMEOUT_S = 120
 """A file's blocks run in seconds; a block that hangs (a DataLoader worker's error) fails."""
@@ -138,13 +134,11 @@ def publish_to_s3(request: pytest.FixtureRequest, data: Path) -> None:
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("doc", [d for d in doc_files() if python_blocks(d)], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_python_blocks_run(
     doc: Path, doc_data: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     blocks = python_blocks(doc)
-    if not blocks:
-        pytest.skip(f"{doc.name} has no python blocks")
     marks = {b.mark for b in blocks}
     if "needs ray" in marks:
         pytest.importorskip("ray")
