@@ -74,6 +74,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import paddle
@@ -183,7 +184,7 @@ def _forked_by_persistent_loader(stream: Any) -> bool:
     A forked worker runs on from inside ``os.fork()``, so the frames of the loader process
     that forked it (the loader iterator's ``__init__`` or ``_reset``) are still below this one.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if owner is not None and _persistent_over(getattr(owner, "__dict__", None), stream):
