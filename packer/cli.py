@@ -102,7 +102,10 @@ def build(
         str, typer.Option(help="Start a new shard past this many image bytes (1GiB, 500MB).")
     ] = "1GiB",
     workers: Annotated[
-        int, typer.Option(help="Processes that read and check images (default: all cores).")
+        int,
+        typer.Option(
+            help="Processes that read and check images (default, and at most: the usable cores)."
+        ),
     ] = 0,
     decode_check: Annotated[
         bool,
@@ -186,6 +189,13 @@ def build(
 ) -> None:
     """Pack SRC into the dataset directory OUT (written atomically)."""
     from packer.build import build as run_build
+
+    if workers > usable_cores():  # BuildConfig caps it; say what is used
+        typer.echo(
+            f"--workers {workers}: using {usable_cores()}, the cores this process may run on "
+            "(more processes would only compete for them)",
+            err=True,
+        )
 
     def make_config(src_path: Path, out_path: Path) -> BuildConfig:
         return BuildConfig(

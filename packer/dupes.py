@@ -52,11 +52,11 @@ class Source:
     _dataset: Any = None
 
     def dataset(self) -> Any:
-        """The dataset opened for stored bytes (imports paddle, so only when bytes are needed)."""
+        """The dataset opened for stored bytes (only when bytes are needed)."""
         if self._dataset is None:
-            from readers.datasets import open_dataset
+            from readers._paddle import open_for_bytes  # with or without paddle installed
 
-            self._dataset = open_dataset(self.index.root, decode="bytes")
+            self._dataset = open_for_bytes(self.index.root)
         return self._dataset
 
     def member(self, i: int) -> dict[str, Any]:
