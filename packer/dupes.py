@@ -32,7 +32,9 @@ from packer.nearhash import (
     DEFAULT_THRESHOLD,
     HASHES,
     MIN_SIDE,
+    THUMB_SIDE,
     cliques,
+    compared_side,
     flatten,
     near_pairs,
     similar,
@@ -342,7 +344,7 @@ class _NearPass:
         small = distinct & (self.short < MIN_SIDE)
         report.too_small = int(sum(len(self.copies.get(r, [r])) for r in np.flatnonzero(small)))
         self.candidates = np.flatnonzero(distinct & ~small)
-        self.thumbs: dict[int, np.ndarray] = {}
+        self.thumbs: dict[tuple[int, int], np.ndarray] = {}
 
     def _column(self, name: str) -> np.ndarray:
         return np.concatenate(
@@ -372,12 +374,19 @@ class _NearPass:
         short = int(min(self.short[a], self.short[b]))
         if abs(self.aspect[a] - self.aspect[b]) > ASPECT_TOLERANCE + 2 / short:
             return False
-        return similar(self.thumb(a), self.thumb(b), short)
+        side = compared_side(short)
+        return similar(self.thumb(a, side), self.thumb(b, side), short)
 
-    def thumb(self, row: int) -> np.ndarray:
-        if row not in self.thumbs:
-            self.thumbs[row] = thumbnail(self._decode(row))
-        return self.thumbs[row]
+    def thumb(self, row: int, side: int = THUMB_SIDE) -> np.ndarray:
+        """Row `row`'s thumbnail at `side` pixels (decoded once, each size made once)."""
+        key = (row, side)
+        if key not in self.thumbs:
+            if side == THUMB_SIDE:
+                self.thumbs[key] = thumbnail(self._decode(row))
+            else:
+                full = self.thumb(row)
+                self.thumbs[key] = cv2.resize(full, (side, side), interpolation=cv2.INTER_AREA)
+        return self.thumbs[key]
 
     def groups(self, threshold: int, hash_name: str) -> list[list[int]]:
         """Groups of rows (with their exact copies), each confirmed pairwise."""

@@ -144,11 +144,13 @@ def flatten(image: np.ndarray) -> np.ndarray:
         )
     if image.ndim == 2 or image.shape[2] == 1:
         return cv2.cvtColor(image.reshape(image.shape[:2]), cv2.COLOR_GRAY2BGR)
-    if image.shape[2] == 2:  # gray + alpha
-        gray = image[:, :, :1] * (image[:, :, 1:] / 255)
-        return cv2.cvtColor(gray.round().astype(np.uint8), cv2.COLOR_GRAY2BGR)
-    if image.shape[2] == 4:
-        return (image[:, :, :3] * (image[:, :, 3:] / 255)).round().astype(np.uint8)
+    if image.shape[2] in (2, 4):  # gray or BGR + alpha
+        colour, alpha = image[:, :, :-1], image[:, :, -1]
+        if image.shape[2] == 2:
+            colour = cv2.cvtColor(colour, cv2.COLOR_GRAY2BGR)
+        if int(alpha.min()) == 255:
+            return np.ascontiguousarray(colour)
+        return cv2.multiply(colour, cv2.merge([alpha, alpha, alpha]), scale=1 / 255)
     return image
 
 
@@ -157,17 +159,26 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
     return cv2.resize(flatten(image), (THUMB_SIDE, THUMB_SIDE), interpolation=cv2.INTER_AREA)
 
 
+def compared_side(short_side: int) -> int:
+    """The side `similar` compares two images at, from the smaller short side.
+
+    Half of it, rounded down to a power of two, from 16 to `THUMB_SIDE` (32 px -> 16,
+    64 -> 32, 128 and more -> 64).
+    """
+    return max(16, min(THUMB_SIDE, 2 ** int(np.log2(max(short_side, 2) // 2))))
+
+
 def similar(a: np.ndarray, b: np.ndarray, short_side: int) -> bool:
     """Whether thumbnails `a` and `b` show the same picture (a copy, resized or re-encoded).
 
-    `short_side` is the smaller of the two images' short sides; they are compared at a
-    quarter of it (16, 32 or 64 pixels), where a small image's JPEG noise averages out and
-    a large image's details still show. The pair must agree overall (the mean of the largest
-    channel difference) and everywhere locally (each 3x3 average of a channel's signed
-    difference): noise averages out locally, a changed detail (an emblem, a caption, another
-    colour) does not.
+    `short_side` is the smaller of the two images' short sides; they are compared at
+    `compared_side` (16, 32 or 64 pixels: each pixel averages 2x2 or more), where a small
+    image's JPEG noise averages out and a large image's details still show. The pair must
+    agree overall (the mean of the largest channel difference) and everywhere locally (each
+    3x3 average of a channel's signed difference): noise averages out locally, a changed
+    detail (an emblem, a caption, another colour) does not.
     """
-    side = max(16, min(THUMB_SIDE, 2 ** int(np.log2(max(short_side, 1) // 2))))
+    side = compared_side(short_side)
     if side != a.shape[0]:
         a = cv2.resize(a, (side, side), interpolation=cv2.INTER_AREA)
         b = cv2.resize(b, (side, side), interpolation=cv2.INTER_AREA)

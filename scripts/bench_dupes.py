@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from packer.dupes import confirm_candidates, exact_candidates
-from packer.nearhash import HASHES, MAX_THRESHOLD, group_near
+from packer.nearhash import HASHES, MAX_THRESHOLD, MIN_SIDE, flatten, group_near
 
 ICONS = Path("/usr/share/icons/oxygen/base/256x256")
 
@@ -286,6 +286,8 @@ def plant(theme: str, src: Path, sample: int, seed: int) -> tuple[dict[str, str]
             links[rel] = path.resolve().relative_to(src.resolve()).as_posix()
         elif path.is_file():
             files.append(rel)
+    # originals >= 64 px, so that copies at 50 % keep the 32 px the near pass compares
+    files = [f for f in files if min(_size(src / f)) >= 2 * MIN_SIDE]
     rng = random.Random(seed)
     planted: dict[str, str] = {}
     (src / "planted").mkdir()
@@ -296,6 +298,20 @@ def plant(theme: str, src: Path, sample: int, seed: int) -> tuple[dict[str, str]
             (src / name).write_bytes(data)
             planted[name] = rel
     return planted, links
+
+
+def _size(path: Path) -> tuple[int, int]:
+    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    return (0, 0) if image is None else (image.shape[1], image.shape[0])
+
+
+def _same_pixels(a: Path, b: Path) -> bool:
+    """Two theme files of one size whose pixels (over black) differ by <= 8 levels anywhere."""
+    x, y = (cv2.imread(str(p), cv2.IMREAD_UNCHANGED) for p in (a, b))
+    if x is None or y is None or x.shape[:2] != y.shape[:2]:
+        return False
+    x, y = flatten(x).astype(np.int16), flatten(y).astype(np.int16)
+    return int(np.abs(x - y).max()) <= 8
 
 
 class _Classes:
@@ -327,13 +343,19 @@ def _run_packer(*args: str) -> tuple[float, str]:
 
 
 def score(
-    theme: str, report: dict, planted: dict[str, str], links: dict[str, str]
+    theme: str,
+    report: dict,
+    planted: dict[str, str],
+    links: dict[str, str],
+    src: Path | None = None,
 ) -> dict[str, Any]:
     """Precision and recall of `report` (dupes --json) against the planted copies.
 
     Same picture: the rule of `picture_key`, a symlink and its target, a planted copy and its
-    original, and identical bytes (an exact group). A group is true when all its members show
-    one picture; a false pair is two members of a group that do not.
+    original, identical bytes (an exact group), and two theme files of one size whose pixels
+    differ by at most 8 levels (`_same_pixels`: the theme files one picture under two
+    names). A group is true when all its members show one picture; a false pair is two
+    members of a group that do not.
     """
     classes = _Classes()
     paths = {m["path"] for g in report["groups"] for m in g["members"]}
@@ -346,6 +368,15 @@ def score(
         if g["kind"] == "exact":
             for m in g["members"][1:]:
                 classes.union(m["path"], g["members"][0]["path"])
+    aliases = 0  # one picture under two names in the theme: same size, same pixels
+    if src is not None:
+        for g in report["groups"]:
+            members = [m["path"] for m in g["members"] if not m["path"].startswith("planted/")]
+            for i, a in enumerate(members):
+                for b in members[i + 1 :]:
+                    if classes.find(a) != classes.find(b) and _same_pixels(src / a, src / b):
+                        classes.union(a, b)
+                        aliases += 1
     near = [g for g in report["groups"] if g["kind"] == "near"]
     false_groups, false_pairs, pairs, found = [], 0, 0, 0
     group_of: dict[str, int] = {}
@@ -373,6 +404,7 @@ def score(
         "recall": found / max(1, len(planted)),
         "found": found,
         "largest": max((len(g["members"]) for g in near), default=0),
+        "aliases": aliases,
     }
 
 
@@ -389,7 +421,7 @@ def bench_planted(theme: str, sample: int, seed: int) -> list[str]:
         report = json.loads(text)
         n = report["summary"]
         images = sum(1 for _ in open(out / "index.jsonl"))  # noqa: SIM115
-    s = score(theme, report, planted, links)
+        s = score(theme, report, planted, links, src)
     originals = len(set(planted.values()))
     lines = [
         f"#### {theme}: {images:,} images, {originals} originals with 3 planted copies each "
@@ -406,6 +438,9 @@ def bench_planted(theme: str, sample: int, seed: int) -> list[str]:
         f"| recall (planted copies in their original's group) | {s['recall']:.1%} "
         f"({s['found']:,} of {len(planted):,}) |",
         f"| exact groups | {n['exact_groups']:,} |",
+        f"| pairs of theme files that are one picture under two names | {s['aliases']:,} |",
+        f"| images under {MIN_SIDE} px (not compared for near copies) | "
+        f"{report['near']['too_small']:,} |",
         f"| packer build | {t_build:.1f} s |",
         f"| packer dupes (exact only) | {t_exact:.1f} s |",
         f"| packer dupes --near | {t_near:.1f} s |",
