@@ -342,7 +342,7 @@ class _NearPass:
         self.short = np.minimum(width, height)
         self.aspect = np.log(np.maximum(width, 1) / np.maximum(height, 1))
         small = distinct & (self.short < MIN_SIDE)
-        report.too_small = int(sum(len(self.copies.get(r, [r])) for r in np.flatnonzero(small)))
+        report.too_small = sum(len(self.copies.get(r, [r])) for r in np.flatnonzero(small).tolist())
         self.candidates = np.flatnonzero(distinct & ~small)
         self.thumbs: dict[tuple[int, int], np.ndarray] = {}
 

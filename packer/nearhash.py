@@ -165,7 +165,10 @@ def compared_side(short_side: int) -> int:
     Half of it, rounded down to a power of two, from 16 to `THUMB_SIDE` (32 px -> 16,
     64 -> 32, 128 and more -> 64).
     """
-    return max(16, min(THUMB_SIDE, 2 ** int(np.log2(max(short_side, 2) // 2))))
+    side = 16
+    while side < THUMB_SIDE and 2 * side <= short_side // 2:
+        side *= 2
+    return side
 
 
 def similar(a: np.ndarray, b: np.ndarray, short_side: int) -> bool:

@@ -305,12 +305,21 @@ def _size(path: Path) -> tuple[int, int]:
     return (0, 0) if image is None else (image.shape[1], image.shape[0])
 
 
+_FLAT: dict[Path, np.ndarray | None] = {}
+
+
+def _flat(path: Path) -> np.ndarray | None:
+    if path not in _FLAT:  # read once: a group of n members makes n * n / 2 pairs
+        image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        _FLAT[path] = None if image is None else flatten(image).astype(np.int16)
+    return _FLAT[path]
+
+
 def _same_pixels(a: Path, b: Path) -> bool:
     """Two theme files of one size whose pixels (over black) differ by <= 8 levels anywhere."""
-    x, y = (cv2.imread(str(p), cv2.IMREAD_UNCHANGED) for p in (a, b))
-    if x is None or y is None or x.shape[:2] != y.shape[:2]:
+    x, y = _flat(a), _flat(b)
+    if x is None or y is None or x.shape != y.shape:
         return False
-    x, y = flatten(x).astype(np.int16), flatten(y).astype(np.int16)
     return int(np.abs(x - y).max()) <= 8
 
 
