@@ -22,14 +22,16 @@ from tests.conftest import encode
 COUNTS = re.compile(r"(\d+)/(\d+) \[")
 
 
-def noise_tree(root: Path, count: int, *, seed: int = 0, prefix: str = "img") -> int:
-    """`count` 16x16 noise PNGs in two class folders; returns their total bytes."""
+def noise_tree(
+    root: Path, count: int, *, seed: int = 0, prefix: str = "img", side: int = 16
+) -> int:
+    """`count` noise PNGs `side` pixels square in two class folders; returns their bytes."""
     rng = np.random.default_rng(seed)
     total = 0
     for i in range(count):
         folder = root / ("a" if i % 2 else "b")
         folder.mkdir(parents=True, exist_ok=True)
-        data = encode(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), ".png")
+        data = encode(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), ".png")
         (folder / f"{prefix}_{i:04d}.png").write_bytes(data)
         total += len(data)
     return total
@@ -147,7 +149,7 @@ def test_dupes_json_is_unchanged_by_the_bar(tmp_path: Path) -> None:
     from tests.conftest import build_packed
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
-    noise_tree(src, 20)
+    noise_tree(src, 20, side=40)  # large enough to be compared for near copies
     (src / "a" / "copy.png").write_bytes((src / "a" / "img_0001.png").read_bytes())
     build_packed(src, out, "lmdb", workers=1)
     run = TerminalRun(packer_cmd("dupes", str(out), "--near", "--json"), packer_env())
@@ -157,4 +159,6 @@ def test_dupes_json_is_unchanged_by_the_bar(tmp_path: Path) -> None:
     assert stdout == json.dumps(expected, indent=2, ensure_ascii=False) + "\n"
     assert expected["groups"]
     assert "hashing" in err
-    assert shown_counts(err, 21)[-1] == 21
+    assert "comparing" in err  # the exact copies confirmed: 2 candidates
+    assert shown_counts(err, 2)[-1] == 2
+    assert shown_counts(err, 20)[-1] == 20  # the distinct images hashed
