@@ -24,6 +24,7 @@ from packer.errors import (
     OutputExistsError,
     PackerError,
 )
+from packer.feedback import Interrupted, shards_kept
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
@@ -379,6 +380,8 @@ def _build(
             raise DiskFullError(str(tmp), str(exc)) from exc
         if not isinstance(exc, (OSError, KeyboardInterrupt, EngineError)):
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            raise shards_kept(tmp, [s.number for s in shards]) from None
         raise
     summary.packed = merged.num_samples
     summary.skipped = len(found)

@@ -149,7 +149,9 @@ def build(
     workers: Annotated[
         int,
         typer.Option(
-            metavar="N", show_default=_CORES, help="Processes that read and check images."
+            metavar="N",
+            show_default=_CORES,
+            help="Processes that read and check images (at most the usable cores).",
         ),
     ] = 0,
     decode_check: Annotated[
@@ -245,6 +247,13 @@ def build(
 ) -> None:
     """Pack SRC into the dataset directory OUT (written atomically)."""
     from packer.build import build as run_build
+
+    if workers > usable_cores():  # BuildConfig caps it; say what is used
+        typer.echo(
+            f"--workers {workers}: using {usable_cores()}, the cores this process may run on "
+            "(more processes would only compete for them)",
+            err=True,
+        )
 
     def make_config(src_path: Path, out_path: Path) -> BuildConfig:
         return BuildConfig(

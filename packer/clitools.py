@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,8 @@ def check_format(value: str) -> str:
 def guarded(command: Callable[..., Any]) -> Callable[..., Any]:
     """`command`, with an object store that cannot serve its URL told in one line (exit 2).
 
+    A Ctrl-C ends it with one ``packer: interrupted: ...`` line (exit 130): see `interrupted`.
+
     A failure anywhere in a command whose chain says the store is unreachable, not S3, or lacks
     the bucket (`readers.remote.errors.storage_failure`) prints ``packer: error: ...`` naming
     the URL (no credentials) instead of a traceback; any other exception keeps its traceback.
@@ -46,6 +49,8 @@ def guarded(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt as exc:
+            raise interrupted(exc) from None
         except Exception as exc:
             from readers.remote import is_url
             from readers.remote.errors import StorageUnreachableError, storage_failure
@@ -58,6 +63,25 @@ def guarded(command: Callable[..., Any]) -> Callable[..., Any]:
             raise fail(error) from None
 
     return run
+
+
+_UNCHANGED = "nothing was written or changed"
+"""What a Ctrl-C leaves when the command does not say more (`packer.feedback.Interrupted`)."""
+
+
+def interrupted(exc: KeyboardInterrupt) -> typer.Exit:
+    """Print what a Ctrl-C left as one line; return the exit (130) to raise.
+
+    `exc` is a `packer.feedback.Interrupted` where the command knows what it kept (finished
+    shards for ``--resume``); otherwise nothing was kept.
+    """
+    from packer.feedback import Interrupted
+
+    kept = exc.kept if isinstance(exc, Interrupted) else _UNCHANGED
+    # on a terminal, over a progress bar that the interruption left half drawn
+    start = "\r\x1b[K" if sys.stderr.isatty() else ""
+    typer.echo(f"{start}packer: interrupted: {kept}", err=True)
+    return typer.Exit(130)
 
 
 def refuse_urls(command: str, *inputs: object, outputs: tuple[object, ...] = ()) -> None:

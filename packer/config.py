@@ -36,6 +36,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cap_workers(workers: int) -> int:
+    """The processes a build starts for `workers` asked: at most the usable cores.
+
+    Its processes decode images: more of them than cores only compete for those, and each
+    costs memory (and its slots in the pool's byte ring), so ``--workers 1000000`` is capped
+    rather than forking a million processes.
+
+    Raises:
+        ConfigError: `workers` is below 1.
+    """
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: must be at least 1")
+    return min(workers, usable_cores())
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """Everything ``packer build`` was asked to do."""
@@ -47,7 +62,7 @@ class BuildConfig:
     label_depth: int = 1  # folder levels that name the class (dirname)
     class_map: str | None = None  # auto | FILE: text labels -> class ids
     shard_size: int = 1 << 30
-    workers: int = 1
+    workers: int = 1  # capped at the usable cores (`cap_workers`); meta.json records the used
     decode_check: bool = True
     on_error: str = "skip"
     overwrite: bool = False
@@ -85,8 +100,7 @@ class BuildConfig:
             raise ConfigError(f"--on-error {self.on_error!r}: expected skip or fail")
         if self.shard_size < 1:
             raise ConfigError(f"--shard-size {self.shard_size}: must be positive")
-        if self.workers < 1:
-            raise ConfigError(f"--workers {self.workers}: must be at least 1")
+        object.__setattr__(self, "workers", cap_workers(self.workers))
         if not self.src.exists():
             raise ConfigError(f"SRC {self.src} does not exist")
         if not self.src.is_dir():

@@ -3,8 +3,12 @@
 The exact pass never compares pairs: the index's ``(nbytes, crc32)`` of every sample of every
 dataset is sorted once as one 64-bit key (numpy), runs of equal keys are the candidates, and
 only candidates are read and hashed with BLAKE2b, so a CRC-32 collision never makes a group.
-The near pass (``near=True``) decodes every image once, as a small gray image (JPEGs at a
-reduced DCT scale), hashes it (`packer.nearhash`) and groups hashes within a few bits.
+The near pass (``near=True``) decodes every image once (JPEGs at a reduced DCT scale) and
+hashes it (`packer.nearhash`); hashes within a few bits are only candidates. The images of the
+candidate pairs are decoded again as colour thumbnails, each pair is confirmed by a pixel check
+(`packer.nearhash.similar`) and a matching aspect ratio, and a group holds only images that
+are confirmed pairwise (`packer.nearhash.cliques`): distinct images never share a group
+through a chain of look-alikes. Identical images (the exact groups) are compared once.
 Groups that cross datasets (leakage between splits) and groups whose labels disagree come
 first.
 """
@@ -21,14 +25,30 @@ from typing import Any
 import cv2
 import numpy as np
 
+from packer.engines import progress_bar
 from packer.errors import PackerError
 from packer.metadata import class_names
-from packer.nearhash import DEFAULT_HASH, DEFAULT_THRESHOLD, HASHES, group_near
+from packer.nearhash import (
+    DEFAULT_HASH,
+    DEFAULT_THRESHOLD,
+    HASHES,
+    MIN_SIDE,
+    THUMB_SIDE,
+    cliques,
+    compared_side,
+    flatten,
+    near_pairs,
+    similar,
+    thumbnail,
+)
 from packer.terminal import shown
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index
 
-MIN_DRAFT_SIDE = 32  # a JPEG is decoded at 1/2, 1/4 or 1/8 scale while its short side stays >= this
+MIN_DRAFT_SIDE = (
+    128  # a JPEG is decoded at 1/2, 1/4 or 1/8 scale while its short side stays >= this
+)
+ASPECT_TOLERANCE = 0.03  # copies keep their aspect ratio to within this (and a pixel's rounding)
 
 
 class NotPackedError(PackerError):
@@ -51,11 +71,11 @@ class Source:
     _dataset: Any = None
 
     def dataset(self) -> Any:
-        """The dataset opened for stored bytes (imports paddle, so only when bytes are needed)."""
+        """The dataset opened for stored bytes (only when bytes are needed)."""
         if self._dataset is None:
-            from readers.datasets import open_dataset
+            from readers._paddle import open_for_bytes  # with or without paddle installed
 
-            self._dataset = open_dataset(self.index.root, decode="bytes")
+            self._dataset = open_for_bytes(self.index.root)
         return self._dataset
 
     def member(self, i: int) -> dict[str, Any]:
@@ -130,6 +150,7 @@ class DupesReport:
     threshold: int | None = None
     hash: str | None = None
     unhashed: list[dict[str, Any]] = field(default_factory=list)
+    too_small: int = 0
 
     def summary(self) -> dict[str, int]:
         """Counts: groups (exact, near), extra copies, across datasets, with label conflicts."""
@@ -151,7 +172,12 @@ class DupesReport:
             "groups": [g.as_json() for g in self.groups],
         }
         if self.near:
-            out["near"] = {"hash": self.hash, "threshold": self.threshold}
+            out["near"] = {
+                "hash": self.hash,
+                "threshold": self.threshold,
+                "min_side": MIN_SIDE,
+                "too_small": self.too_small,
+            }
             out["unhashed"] = self.unhashed
         return out
 
@@ -163,7 +189,10 @@ class DupesReport:
             f"images ({s['extra_copies']} extra copies)"
         )
         if self.near:
-            head += f", {s['near_groups']} of near copies ({self.hash}, <= {self.threshold} bits)"
+            head += (
+                f", {s['near_groups']} of near copies ({self.hash} <= {self.threshold} bits, "
+                f"confirmed pairwise; {self.too_small} images under {MIN_SIDE} px not compared)"
+            )
         head += (
             f"; {s['cross_dataset']} across datasets, {s['conflicting_labels']} with conflicting "
             f"labels, in {', '.join(shown(d) for d in self.datasets)}"
@@ -272,41 +301,116 @@ class _Rows:
         return source.member(i)
 
 
-def _gray(source: Source, i: int) -> np.ndarray:
-    """Sample `i` decoded as a gray image, JPEGs at the smallest scale that keeps 32 px."""
+def _view(source: Source, i: int) -> np.ndarray:
+    """Sample `i` as 8-bit BGR, a transparent image flattened over black.
+
+    A JPEG is decoded at the smallest DCT scale that keeps `MIN_DRAFT_SIDE` pixels; the
+    scaled image then covers exactly the stored one (its last row and column, part padding,
+    are cut at sub-pixel precision), so that it lines up with a copy decoded at full size.
+    """
     index, ds = source.index, source.dataset()
     data = ds.read_bytes(i)
     if index.extra["format"][i].as_py() == "jpeg":
-        short = min(int(index.extra["width"][i]), int(index.extra["height"][i]))
+        width, height = int(index.extra["width"][i]), int(index.extra["height"][i])
         for factor, flag in (
-            (8, cv2.IMREAD_REDUCED_GRAYSCALE_8),
-            (4, cv2.IMREAD_REDUCED_GRAYSCALE_4),
-            (2, cv2.IMREAD_REDUCED_GRAYSCALE_2),
+            (8, cv2.IMREAD_REDUCED_COLOR_8),
+            (4, cv2.IMREAD_REDUCED_COLOR_4),
+            (2, cv2.IMREAD_REDUCED_COLOR_2),
         ):
-            if short // factor >= MIN_DRAFT_SIDE:
+            if min(width, height) // factor >= MIN_DRAFT_SIDE:
                 image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-                if image is not None:
-                    return image
-                break
-    return np.asarray(ds.decode_stored(data, i, "gray"))
+                if image is None:
+                    break
+                h, w = image.shape[:2]
+                if (w * factor, h * factor) != (width, height):  # 8x finer, then cut exactly
+                    image = cv2.resize(image, (w * 8, h * 8), interpolation=cv2.INTER_LINEAR)
+                    image = image[: round(height * 8 / factor), : round(width * 8 / factor)]
+                return image
+    image = np.asarray(ds.decode_stored(data, i, "unchanged"))
+    if index.extra["format"][i].as_py() == "raw" and image.ndim == 3 and image.shape[2] >= 3:
+        image = image[:, :, [2, 1, 0, 3][: image.shape[2]]]  # raw pixels are stored RGB(A)
+    return flatten(image)
 
 
-def _near_groups(
-    rows: _Rows, threshold: int, hash_name: str, unhashed: list[dict[str, Any]]
-) -> list[np.ndarray]:
-    hash_image = HASHES[hash_name]
-    hashes = np.zeros(len(rows.crc32), dtype=np.uint64)
-    ok = np.zeros(len(rows.crc32), dtype=bool)
-    for k, source in enumerate(rows.sources):
-        first = int(rows.offsets[k])
-        for i in range(len(source.index)):
-            try:
-                hashes[first + i] = hash_image(_gray(source, i))
-                ok[first + i] = True
-            except (ValueError, cv2.error) as exc:
-                unhashed.append({**source.member(i), "reason": f"does not decode ({exc})"})
-    kept = np.flatnonzero(ok)
-    return [kept[g] for g in group_near(hashes[kept], threshold)]
+class _NearPass:
+    """The near pass over the distinct contents of `rows`: hash, candidates, checks, groups."""
+
+    def __init__(
+        self,
+        rows: _Rows,
+        exact: list[np.ndarray],
+        report: DupesReport,
+        progress: bool | None = None,
+    ) -> None:
+        self.rows, self.report, self.progress = rows, report, progress
+        n = len(rows.crc32)
+        self.copies: dict[int, list[int]] = {}  # first row of an exact group -> its rows
+        distinct = np.ones(n, dtype=bool)
+        for members in exact:
+            self.copies[int(members[0])] = members.tolist()
+            distinct[members[1:]] = False
+        width, height = self._column("width"), self._column("height")
+        self.short = np.minimum(width, height)
+        self.aspect = np.log(np.maximum(width, 1) / np.maximum(height, 1))
+        small = distinct & (self.short < MIN_SIDE)
+        report.too_small = sum(len(self.copies.get(r, [r])) for r in np.flatnonzero(small).tolist())
+        self.candidates = np.flatnonzero(distinct & ~small)
+        self.thumbs: dict[tuple[int, int], np.ndarray] = {}
+
+    def _column(self, name: str) -> np.ndarray:
+        return np.concatenate(
+            [np.asarray(s.index.extra[name], dtype=np.float64) for s in self.rows.sources]
+        )
+
+    def _decode(self, row: int) -> np.ndarray:
+        source, i = self.rows.locate(row)
+        return _view(source, i)
+
+    def hashes(self, hash_name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The rows that decode and their hashes."""
+        hash_image = HASHES[hash_name]
+        kept, hashes = [], []
+        total = len(self.candidates)
+        with progress_bar(total, self.progress if total else False, desc="hashing") as bar:
+            for row in self.candidates.tolist():
+                try:
+                    image = self._decode(row)
+                    hashes.append(hash_image(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)))
+                    kept.append(row)
+                except (ValueError, cv2.error) as exc:
+                    member = self.rows.member(row)
+                    self.report.unhashed.append({**member, "reason": f"does not decode ({exc})"})
+                bar.update(1)
+        return np.array(kept, dtype=np.int64), np.array(hashes, dtype=np.uint64)
+
+    def confirmed(self, a: int, b: int) -> bool:
+        """Whether rows `a` and `b` show the same picture: aspect ratio, then pixels."""
+        short = int(min(self.short[a], self.short[b]))
+        if abs(self.aspect[a] - self.aspect[b]) > ASPECT_TOLERANCE + 2 / short:
+            return False
+        side = compared_side(short)
+        return similar(self.thumb(a, side), self.thumb(b, side), short)
+
+    def thumb(self, row: int, side: int = THUMB_SIDE) -> np.ndarray:
+        """Row `row`'s thumbnail at `side` pixels (decoded once, each size made once)."""
+        key = (row, side)
+        if key not in self.thumbs:
+            if side == THUMB_SIDE:
+                self.thumbs[key] = thumbnail(self._decode(row))
+            else:
+                full = self.thumb(row)
+                self.thumbs[key] = cv2.resize(full, (side, side), interpolation=cv2.INTER_AREA)
+        return self.thumbs[key]
+
+    def groups(self, threshold: int, hash_name: str) -> list[list[int]]:
+        """Groups of rows (with their exact copies), each confirmed pairwise."""
+        kept, hashes = self.hashes(hash_name)
+        pairs = kept[near_pairs(hashes, threshold)]
+        for row in np.unique(pairs).tolist():  # decoded again, in row order (sequential reads)
+            self.thumb(row)
+        good = [(a, b) for a, b in pairs.tolist() if self.confirmed(a, b)]
+        found = cliques(np.array(good, dtype=np.int64).reshape(-1, 2), self.confirmed)
+        return [sorted(r for row in g for r in self.copies.get(row, [row])) for g in found]
 
 
 def find_dupes(
@@ -315,8 +419,11 @@ def find_dupes(
     near: bool = False,
     threshold: int = DEFAULT_THRESHOLD,
     hash_name: str = DEFAULT_HASH,
+    progress: bool | None = None,
 ) -> DupesReport:
     """Groups of identical (and with `near`, near-identical) images in the datasets at `paths`.
+
+    `progress`: bars over the candidates read and the images hashed (None: on a terminal).
 
     Raises:
         NotPackedError: a path is not a packed dataset.
@@ -324,10 +431,16 @@ def find_dupes(
     """
     rows = _Rows(load_sources(paths))
     report = DupesReport([str(p) for p in paths], near=near)
-    exact = confirm_candidates(exact_candidates(rows.crc32, rows.nbytes), rows.read)
-    exact_sets = set()
+    runs = exact_candidates(rows.crc32, rows.nbytes)
+    candidates = sum(len(r) for r in runs)
+    with progress_bar(candidates, progress if candidates else False, desc="comparing") as bar:
+
+        def read(row: int) -> bytes:
+            bar.update(1)
+            return rows.read(row)
+
+        exact = confirm_candidates(runs, read)
     for members, digest in exact:
-        exact_sets.add(tuple(members.tolist()))
         report.groups.append(
             DupeGroup(
                 "exact",
@@ -338,9 +451,9 @@ def find_dupes(
         )
     if near:
         report.threshold, report.hash = threshold, hash_name
-        for members in _near_groups(rows, threshold, hash_name, report.unhashed):
-            if tuple(members.tolist()) not in exact_sets:  # already reported as identical
-                report.groups.append(DupeGroup("near", [rows.member(r) for r in members.tolist()]))
+        near_pass = _NearPass(rows, [members for members, _ in exact], report, progress)
+        for group in near_pass.groups(threshold, hash_name):
+            report.groups.append(DupeGroup("near", [rows.member(r) for r in group]))
     report.groups.sort(
         key=lambda g: (
             not g.cross_dataset,

@@ -1,13 +1,19 @@
-"""Perceptual hashes of images (64 bits) and grouping by Hamming distance, near-linearly.
+"""Perceptual hashes of images (64 bits), candidate pairs by Hamming distance, and the pixel check.
 
 A resized or re-encoded copy of an image keeps its coarse brightness structure, so a hash of a
-tiny gray thumbnail stays within a few bits of the original's. `group_near` finds every pair
+tiny gray thumbnail stays within a few bits of the original's. `near_pairs` finds every pair
 of hashes within ``threshold`` bits without comparing all pairs: the 64 bits are cut into
 ``BANDS`` bands of 16 bits, and two hashes within 3 bits agree on at least one band
 (pigeonhole), so only hashes that share a band value are compared. With hashes spread over
 the 2**16 values of a band, a bucket holds about N / 65536 hashes, so the work grows as
 N log N (the sorts) plus N * N / 65536 comparisons per band, all in numpy (no Python loop over
 buckets or pairs).
+
+A hash match is only a candidate: distinct pictures that share a layout (document icons, a
+folder in six colours) hash alike. `similar` confirms a candidate pair on colour thumbnails,
+and `cliques` groups only images that are confirmed pairwise, so that a chain A~B~C never puts
+A and C together. `group_near` (connected components of hash matches) is kept for measuring
+hashes alone; it chains, so it is not what ``packer dupes`` reports.
 """
 
 from __future__ import annotations
@@ -91,6 +97,150 @@ def _band_pairs(unique: np.ndarray, values: np.ndarray, threshold: int) -> np.nd
         d += 1
         active = active[after[active] >= d]
     return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
+
+
+def near_pairs(hashes: np.ndarray, threshold: int = DEFAULT_THRESHOLD) -> np.ndarray:
+    """Every pair ``(i, j)``, ``i < j``, of positions in `hashes` within `threshold` bits.
+
+    Rows with equal hashes are compared once as one hash, then expanded. Sorted by (i, j).
+
+    Raises:
+        ValueError: `threshold` is above `MAX_THRESHOLD` (the banding would miss pairs).
+    """
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise ValueError(f"threshold {threshold}: expected 0..{MAX_THRESHOLD}")
+    hashes = np.asarray(hashes, dtype=np.uint64)
+    unique, inverse = np.unique(hashes, return_inverse=True)
+    inverse = inverse.ravel()
+    mask = np.uint64((1 << BAND_BITS) - 1)
+    found = np.concatenate(
+        [
+            _band_pairs(unique, (unique >> np.uint64(band * BAND_BITS)) & mask, threshold)
+            for band in range(BANDS)
+        ]
+    )
+    rows_of: list[list[int]] = [[] for _ in range(len(unique))]
+    for row, u in enumerate(inverse.tolist()):
+        rows_of[u].append(row)
+    pairs = {(min(a, b), max(a, b)) for a, b in found.tolist()}  # a band pair shows up per band
+    out = [(x, y) for a, b in pairs for x in rows_of[a] for y in rows_of[b]]
+    for rows in rows_of:  # equal hashes
+        out.extend((x, y) for k, x in enumerate(rows) for y in rows[k + 1 :])
+    result = np.array(sorted((min(x, y), max(x, y)) for x, y in out), dtype=np.int64)
+    return result.reshape(-1, 2)
+
+
+THUMB_SIDE = 64  # the colour thumbnail `similar` compares (at most this side)
+MIN_SIDE = 32  # images smaller than this on their short side are not compared for near copies
+MAX_MEAN_DIFF = 10.0  # mean over the compared thumbnail of the largest channel difference
+MAX_LOCAL_DIFF = 24.0  # the largest 3x3 average of a channel's signed difference
+
+
+def flatten(image: np.ndarray) -> np.ndarray:
+    """`image` (gray, BGR or BGRA; 8 or 16 bits) as 8-bit BGR, transparency over black."""
+    if image.dtype != np.uint8:  # 16-bit PNGs: the high byte is what the eye sees
+        image = (
+            (image >> 8).astype(np.uint8) if image.dtype == np.uint16 else image.astype(np.uint8)
+        )
+    if image.ndim == 2 or image.shape[2] == 1:
+        return cv2.cvtColor(image.reshape(image.shape[:2]), cv2.COLOR_GRAY2BGR)
+    if image.shape[2] in (2, 4):  # gray or BGR + alpha
+        colour, alpha = image[:, :, :-1], image[:, :, -1]
+        if image.shape[2] == 2:
+            colour = cv2.cvtColor(colour, cv2.COLOR_GRAY2BGR)
+        if int(alpha.min()) == 255:
+            return np.ascontiguousarray(colour)
+        return cv2.multiply(colour, cv2.merge([alpha, alpha, alpha]), scale=1 / 255)
+    return image
+
+
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """The `THUMB_SIDE` square thumbnail (uint8 BGR, area-averaged) of a BGR image."""
+    return cv2.resize(flatten(image), (THUMB_SIDE, THUMB_SIDE), interpolation=cv2.INTER_AREA)
+
+
+def compared_side(short_side: int) -> int:
+    """The side `similar` compares two images at, from the smaller short side.
+
+    Half of it, rounded down to a power of two, from 16 to `THUMB_SIDE` (32 px -> 16,
+    64 -> 32, 128 and more -> 64).
+    """
+    side = 16
+    while side < THUMB_SIDE and 2 * side <= short_side // 2:
+        side *= 2
+    return side
+
+
+def similar(a: np.ndarray, b: np.ndarray, short_side: int) -> bool:
+    """Whether thumbnails `a` and `b` show the same picture (a copy, resized or re-encoded).
+
+    `short_side` is the smaller of the two images' short sides; they are compared at
+    `compared_side` (16, 32 or 64 pixels: each pixel averages 2x2 or more), where a small
+    image's JPEG noise averages out and a large image's details still show. The pair must
+    agree overall (the mean of the largest channel difference) and everywhere locally (each
+    3x3 average of a channel's signed difference): noise averages out locally, a changed
+    detail (an emblem, a caption, another colour) does not.
+    """
+    side = compared_side(short_side)
+    if side != a.shape[0]:
+        a = cv2.resize(a, (side, side), interpolation=cv2.INTER_AREA)
+        b = cv2.resize(b, (side, side), interpolation=cv2.INTER_AREA)
+    diff = a.astype(np.float32) - b.astype(np.float32)
+    if float(np.abs(diff).max(axis=2).mean()) > MAX_MEAN_DIFF:
+        return False
+    local = cv2.blur(diff, (3, 3), borderType=cv2.BORDER_REFLECT)
+    return float(np.abs(local).max()) <= MAX_LOCAL_DIFF
+
+
+def cliques(pairs: np.ndarray, confirm: Callable[[int, int], bool]) -> list[list[int]]:
+    """Groups in which every two members are confirmed: no chaining through a middle member.
+
+    `pairs` are the confirmed pairs (graph edges); `confirm(i, j)` checks a pair that is not
+    an edge. Each group grows from the member with the most confirmed neighbours (ties: the
+    smallest), taking its neighbours in order when they are confirmed with every member so
+    far; its members leave the graph and the next group starts. Each position is in at
+    most one group; groups have >= 2 members, sorted, in order of their first member.
+    """
+    neighbours: dict[int, set[int]] = {}
+    for a, b in np.asarray(pairs).reshape(-1, 2).tolist():
+        if a != b:
+            neighbours.setdefault(a, set()).add(b)
+            neighbours.setdefault(b, set()).add(a)
+    edges = {(min(a, b), max(a, b)) for a, bs in neighbours.items() for b in bs}
+
+    def linked(i: int, j: int) -> bool:
+        return (min(i, j), max(i, j)) in edges or confirm(i, j)
+
+    groups: list[list[int]] = []
+    nodes = np.array(sorted(neighbours), dtype=np.int64)
+    edge_array = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
+    roots = _components(len(nodes), np.searchsorted(nodes, edge_array))
+    for root in np.unique(roots).tolist():  # one component at a time: a rep is picked locally
+        _grow(nodes[roots == root].tolist(), neighbours, linked, groups)
+    return sorted(groups, key=lambda g: g[0])
+
+
+def _grow(
+    component: list[int],
+    neighbours: dict[int, set[int]],
+    linked: Callable[[int, int], bool],
+    groups: list[list[int]],
+) -> None:
+    left = set(component)
+    while left:
+        rep = min(left, key=lambda v: (-len(neighbours[v]), v))
+        members = [rep]
+        for v in sorted(neighbours[rep]):
+            if all(linked(v, m) for m in members[1:]):
+                members.append(v)
+        for v in members:
+            left.discard(v)
+            for w in neighbours.pop(v):
+                neighbours[w].discard(v)
+                if not neighbours[w]:
+                    left.discard(w)  # alone now: it starts no group
+        if len(members) >= 2:
+            groups.append(sorted(members))
 
 
 def _components(n: int, pairs: np.ndarray) -> np.ndarray:

@@ -319,9 +319,9 @@ def _thumbnails_html(index: DatasetIndex, classes: list[str] | None) -> str:
         out.append("<p class=note>no samples</p>")
     ds = None
     if picked:
-        from readers.datasets import open_dataset  # imports paddle: only with something to show
+        from readers._paddle import open_for_bytes  # with or without paddle installed
 
-        ds = open_dataset(index.root, decode="bytes")
+        ds = open_for_bytes(index.root)
     for name, ids in picked:
         out.append(f"<h3>{_e(name)}</h3><div class=thumbs>")
         for i in ids.tolist():

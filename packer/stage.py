@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from packer.clitools import refuse_urls
+from packer.feedback import on_interrupt
 from readers.errors import ReaderError
 from readers.remote import StorageExtraMissingError
 from readers.staging import Stager, StageResult, parse_size
@@ -102,7 +103,11 @@ def stage_command(
             file=sys.stderr,
         ) as bar:
             stager.progress = bar.update
-            result = stager.run()
+            with on_interrupt(
+                f"{cache_dir} holds only whole, checked shards; run the same command again to "
+                "stage the rest"
+            ):
+                result = stager.run()
     except (ReaderError, OSError, StorageExtraMissingError) as exc:
         typer.echo(f"packer: error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -30,6 +30,9 @@ _EXPORTS = {
     "decode_sample": "readers.decode",
     "stage": "readers.staging",
     "LoaderStats": "readers.stats",
+    "ResizeTo": "readers.transforms",
+    "PadCollate": "readers.collate",
+    "pad_collate": "readers.collate",
 }
 
 __all__ = sorted(_EXPORTS)

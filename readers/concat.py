@@ -54,6 +54,14 @@ def _class_names(dataset: Any, source: int) -> list[str]:
     return [str(n) for n in names]
 
 
+def _shared_classes(datasets: Sequence[Any]) -> list[str] | None:
+    """The class names every source has, when they are one list; else None."""
+    first = getattr(datasets[0], "classes", None)
+    if not first or any(getattr(d, "classes", None) != first for d in datasets[1:]):
+        return None
+    return list(first)
+
+
 class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
     """Several datasets (any mix of formats) as one: ``ds[offsets[s] + j]`` is ``datasets[s][j]``.
 
@@ -62,6 +70,8 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
     ``classes="union"`` remaps int class ids into the union of the sources' class names (from
     each ``meta.json``: source 0's classes in their order, then each later source's new names),
     so that equal names share one id and different names never do; the union is ``.classes``.
+    With ``"keep"``, ``.classes`` is the sources' list when they all have the same one, else
+    None; ``.num_classes`` is its length (or None).
 
     Pickles and forks like its sources (each drops its handles; nothing else is held).
 
@@ -104,7 +114,10 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
         ends = [dataset_bounds(d)[1:] + o for d, o in zip(self.datasets, starts, strict=True)]
         self.shard_bounds: IntArray = np.concatenate([[0], *ends]).astype(np.int64)
         self.index: ConcatIndex | None = self._concat_index()
-        self.classes: list[str] | None = None
+        self.classes: list[str] | None = _shared_classes(self.datasets)
+        """Class names by id: with ``classes="keep"`` the sources' when they all have the
+        same list (else None, as ids of different sources may name different classes);
+        with ``"union"`` the union."""
         self._remap: list[np.ndarray] | None = None
         if classes == "union":
             self._union_classes()
@@ -137,6 +150,11 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
+
+    @property
+    def num_classes(self) -> int | None:
+        """``len(classes)``, or None when ``classes`` is None."""
+        return None if self.classes is None else len(self.classes)
 
     def source_of(self, i: int) -> int:
         """The number of the source that holds id ``i`` (negative ids count from the end)."""

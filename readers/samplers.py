@@ -411,6 +411,11 @@ class ChunkShuffleBatchSampler:
         return self.sampler.history
 
     @property
+    def chunk_size(self) -> int:
+        """Samples per chunk: the ``chunk_size`` given, or the one chosen by stored bytes."""
+        return self.sampler.chunk_size
+
+    @property
     def start_batch(self) -> int:
         """Batches of the epoch the next pass skips.
 

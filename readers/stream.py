@@ -45,14 +45,21 @@ samples no rank consumed, and the ``M`` ranks split that rest as a fresh epoch i
 (``readers.resume``); any ``num_workers`` and ``batch_size`` may be used from there, and
 consumed batches count from the resume point.
 
-Paddle 3.3 cannot run an ``IterableDataset`` with ``persistent_workers=True``: the loader
-asserts "too many indices have been put to queue" when the first worker runs out
-(``dataloader_iter.py`` line 790; ``_get_data`` keeps the finished worker's request
-outstanding, lines 759-760) and then hangs. Its ``_reset`` also neither restarts the worker cycle
-nor keeps ``drop_last`` (``worker.py`` lines 352-354 recreate the fetcher with ``drop_last=True``).
+**Persistent workers are refused.** Paddle 3.3 cannot run any ``IterableDataset`` with
+``persistent_workers=True`` and ``num_workers > 0``: the loader asserts "too many indices have
+been put to queue" when the first worker runs out (``dataloader_iter.py`` line 790;
+``_get_data`` keeps the finished worker's request outstanding, lines 759-760) and then hangs,
+in the first epoch or a later one. Its ``_reset`` also neither restarts the worker cycle nor
+keeps ``drop_last`` (``worker.py`` lines 352-354 recreate the fetcher with ``drop_last=True``),
+and ``set_epoch`` would not reach the workers' copies. Nothing of the dataset runs in the main
+process when such a loader is made or iterated, so the stream refuses it where it can:
+``set_epoch`` (in the main process, before the epoch: it looks for a loader over the stream
+among the objects that refer to it) and ``batches_per_epoch``/``state_dict`` (given the loader)
+raise ``ValueError``; a worker forked by such a loader (whose frames it still has below the
+fork) fails its first batch with the same message, which paddle prints, rather than hanging.
 Use ``persistent_workers=False`` (the default): each epoch forks fresh workers, which see the
-epoch chosen by ``set_epoch``. A worker asked for a second pass raises instead of repeating
-its first epoch.
+epoch chosen by ``set_epoch``. A worker asked for a second pass (a loader the checks could not
+see, e.g. spawned workers) raises instead of repeating its first epoch.
 
 **Several datasets.** Given a list of datasets (or a ``readers.ConcatDataset``), the stream
 reads their concatenation (ids offset per source, each source decoded with its own mode and
@@ -63,8 +70,11 @@ across epochs, segments of one source's chunk each); steps 2-4 are unchanged.
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import paddle
@@ -99,6 +109,88 @@ DEFAULT_SHUFFLE_BUFFER = DEFAULT_WINDOW * DEFAULT_CHUNK_SIZE
 """The fewest samples a default shuffle buffer holds (8 chunks of 64). The default buffer is
 ``DEFAULT_WINDOW`` chunks: it mixes across as many chunks as the sampler's window, about
 8 MiB of stored bytes with size-based chunks (``readers.io.hints.CHUNK_BYTES``)."""
+
+
+PERSISTENT_WORKERS = (
+    "ShardStream cannot be read by a DataLoader with persistent_workers=True and num_workers "
+    "> 0: paddle 3.3 cannot run any IterableDataset with persistent workers (the loader asserts "
+    "'too many indices have been put to queue' when the first worker runs out, then hangs), and "
+    "set_epoch would not reach the workers' copies; make the DataLoader with "
+    "persistent_workers=False (the default): each epoch then starts fresh workers, which read "
+    "the epoch set_epoch chose"
+)
+"""Why a loader with persistent workers is refused (see the module docstring)."""
+
+
+def _persistent_over(attrs: Any, stream: Any) -> bool:
+    """Whether `attrs` are a loader's (or loader iterator's) over `stream`, with persistent workers.
+
+    As paddle's ``DataLoader`` and ``_DataLoaderIterMultiProcess`` hold them: ``dataset``
+    (``_dataset``), ``_persistent_workers`` and a worker count above 0.
+    """
+    if not isinstance(attrs, dict) or not attrs.get("_persistent_workers"):
+        return False
+    if attrs.get("dataset") is not stream and attrs.get("_dataset") is not stream:
+        return False
+    workers = attrs.get("num_workers", attrs.get("_num_workers"))
+    return isinstance(workers, int) and workers > 0
+
+
+def refuse_persistent_loader(stream: Any, loader: Any = None) -> None:
+    """Raise ValueError when `loader`, or any loader over `stream`, keeps persistent workers.
+
+    Without `loader`, the loaders are found among the objects that refer to `stream`
+    (``gc.get_referrers``: one pass over the tracked objects, about 10 ms per 100,000).
+    """
+    if loader is not None:
+        attrs = dict(getattr(loader, "__dict__", {}), dataset=stream)
+        if _persistent_over(attrs, stream):
+            raise ValueError(PERSISTENT_WORKERS)
+        return
+    for ref in gc.get_referrers(stream):
+        if _persistent_over(
+            ref if isinstance(ref, dict) else getattr(ref, "__dict__", None), stream
+        ):
+            raise ValueError(PERSISTENT_WORKERS)
+
+
+def references(obj: Any) -> int:
+    """``sys.getrefcount(obj)``, called as ``ShardStream.set_epoch`` calls it (`ALONE`)."""
+    return sys.getrefcount(obj)
+
+
+class _HeldOnce:
+    """An object held by one variable, whose method is called as ``stream.set_epoch(e)``."""
+
+    def set_epoch(self, epoch: int) -> int:
+        return references(self) + 0 * epoch
+
+
+def _alone() -> int:
+    probe = _HeldOnce()
+    return probe.set_epoch(0)
+
+
+ALONE = _alone()
+"""`references` of a stream held by one variable, inside ``set_epoch``. A DataLoader holds
+two more (its ``dataset`` and its sampler's), so at or below this count no loader can hold
+the stream and ``set_epoch`` skips the ``gc`` search. Measured rather than assumed: the count
+depends on the interpreter."""
+
+
+def _forked_by_persistent_loader(stream: Any) -> bool:
+    """In a DataLoader worker: whether the loader that forked it keeps persistent workers.
+
+    A forked worker runs on from inside ``os.fork()``, so the frames of the loader process
+    that forked it (the loader iterator's ``__init__`` or ``_reset``) are still below this one.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and _persistent_over(getattr(owner, "__dict__", None), stream):
+            return True
+        frame = frame.f_back
+    return False
 
 
 _SECOND_PASS = (
@@ -137,7 +229,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
     ``(image, label)`` as from the map-style datasets.
 
     Use ``paddle.io.DataLoader(stream, batch_size=..., num_workers=...)`` with the default
-    ``persistent_workers=False``, call ``set_epoch`` before each epoch, and save
+    ``persistent_workers=False`` (persistent workers are refused: see the module docstring),
+    call ``set_epoch`` before each epoch, and save
     ``state_dict(consumed_batches=step, loader=loader)`` to resume mid-epoch exactly.
 
     Args:
@@ -247,6 +340,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         ``len(DataLoader)`` is not defined for an ``IterableDataset``; use this for learning
         rate schedules. ``loader`` needs ``batch_size``, ``num_workers`` and ``drop_last``.
         """
+        refuse_persistent_loader(self, loader)
         batch_size, num_workers, drop = loader_shape(loader)
         counts = worker_counts(len(self), num_workers)
         return int(loader_batches(counts, batch_size=batch_size, drop_last=drop)[0].size)
@@ -256,8 +350,10 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         """Choose the epoch the next pass yields; another epoch than a resumed one starts at 0.
 
         Call it before creating the epoch's DataLoader iterator: workers copy the stream when
-        they start.
+        they start. Raises ValueError when a DataLoader over the stream keeps persistent workers.
         """
+        if references(self) > ALONE:  # held more than once: a DataLoader may be a holder
+            refuse_persistent_loader(self)
         super().set_epoch(epoch)
 
     def _start_epoch(self) -> None:
@@ -306,6 +402,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         else:
             worker, num_workers = int(info.id), int(info.num_workers)
             self._worker_passes += 1
+            if _forked_by_persistent_loader(self):
+                self._worker_passes = -1  # `_items` refuses it
         # Read the epoch and resume point now: the pass is the one chosen when it started.
         return self._items(self._epoch, self._resume, worker, num_workers, self._worker_passes)
 
@@ -319,6 +417,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
     ) -> Iterator[Any]:
         # A generator: errors surface at the first batch, where paddle re-raises them in the
         # main process with their message (an error in iter() kills the worker instead).
+        if passes < 0:
+            raise ValueError(PERSISTENT_WORKERS)
         if passes > 1:
             raise RuntimeError(_SECOND_PASS)
         skip = 0
@@ -371,6 +471,8 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             ValueError: no progress, both, more than the epoch holds, or ``consumed_samples``
                 that falls inside a batch.
         """
+        if loader is not None:
+            refuse_persistent_loader(self, loader)
         return stream_state(
             length=len(self),
             epoch=self._epoch,

@@ -14,6 +14,10 @@ usual transform gives.
 
 `RandomResizedCropDraft` is paddle.vision's ``RandomResizedCrop`` planned this way: the same
 boxes from the same random state, drawn from the index's size instead of the decoded image.
+
+`ResizeTo` is the plain transform a first training loop needs: every image to one fixed
+``(height, width)``, stretched or with its aspect kept and padded, so that the DataLoader's
+default collate can stack images of mixed sizes.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "DecodePlanner",
     "PlannedImage",
     "RandomResizedCropDraft",
+    "ResizeTo",
     "is_planner",
     "run_transform",
 ]
@@ -299,3 +304,90 @@ class RandomResizedCropDraft:
     def __call__(self, image: np.ndarray) -> Any:
         """Crop and resize an image decoded at full size: paddle's ``RandomResizedCrop``."""
         return self.apply(image, self.plan(int(image.shape[0]), int(image.shape[1])))
+
+
+class ResizeTo:
+    """Resize an HxWxC (or HxW) image to exactly ``(height, width)``, with OpenCV.
+
+    With ``keep_aspect=False`` (default) the image is stretched to the size. With
+    ``keep_aspect=True`` it is scaled by the largest factor that fits it inside the size
+    (up or down), placed at the top left, and the rest is filled with `pad_value` (at the
+    right and bottom, where an OCR model expects padding). The dtype and the number of
+    channels are kept (a HxWx1 image stays HxWx1), so the output of every sample has the same
+    shape and ``paddle.io.DataLoader``'s default collate stacks them.
+
+    Args:
+        size: output ``(height, width)``, or one int for a square.
+        keep_aspect: scale without distortion and pad, instead of stretching.
+        pad_value: the fill of the padding (``keep_aspect=True``).
+        interpolation: ``nearest``, ``bilinear`` (default), ``area``, ``bicubic`` or
+            ``lanczos``, as paddle's cv2 backend names them.
+
+    Raises:
+        ValueError: a size that is not positive, or an unknown interpolation.
+
+    Example::
+
+        ds = LmdbDataset("out.lmdb", transform=ResizeTo((32, 32)))  # images 32x32x3
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        *,
+        keep_aspect: bool = False,
+        pad_value: int | float = 0,
+        interpolation: str = "bilinear",
+    ) -> None:
+        self.size = _pair(size, "size")
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation={interpolation!r}: expected one of {', '.join(INTERPOLATIONS)}"
+            )
+        self.keep_aspect = bool(keep_aspect)
+        self.pad_value = pad_value
+        self.interpolation = interpolation
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.size}, keep_aspect={self.keep_aspect}, "
+            f"pad_value={self.pad_value!r}, interpolation={self.interpolation!r})"
+        )
+
+    def fitted_size(self, height: int, width: int) -> tuple[int, int]:
+        """The ``(height, width)`` an image of `height` x `width` is scaled to before padding.
+
+        The whole size without ``keep_aspect``; with it, the largest of the image's aspect
+        that fits (each side at least 1 pixel).
+        """
+        out_h, out_w = self.size
+        if not self.keep_aspect:
+            return out_h, out_w
+        factor = min(out_h / height, out_w / width)
+        return (
+            min(out_h, max(1, round(height * factor))),
+            min(out_w, max(1, round(width * factor))),
+        )
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        """The image resized (and padded) to `size`; see the class docstring."""
+        if not isinstance(image, np.ndarray) or image.ndim not in (2, 3) or image.size == 0:
+            what = image.shape if isinstance(image, np.ndarray) else type(image).__name__
+            raise ValueError(
+                f"ResizeTo takes an HxW or HxWxC numpy image, got {what}; put it before "
+                "transforms that make tensors or CHW arrays"
+            )
+        height, width = int(image.shape[0]), int(image.shape[1])
+        fit_h, fit_w = self.fitted_size(height, width)
+        flags = INTERPOLATIONS[self.interpolation]
+        if (fit_h, fit_w) == (height, width):
+            resized = image
+        else:
+            resized = cv2.resize(image, (fit_w, fit_h), None, 0, 0, flags)
+            if image.ndim == 3 and resized.ndim == 2:  # OpenCV drops a single channel
+                resized = resized[:, :, np.newaxis]
+        if (fit_h, fit_w) == self.size:
+            return resized
+        out = np.full((*self.size, *image.shape[2:]), self.pad_value, dtype=image.dtype)
+        out[:fit_h, :fit_w] = resized
+        return out

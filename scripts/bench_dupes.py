@@ -19,11 +19,17 @@ distinct originals alone. Measured for dHash and pHash at thresholds 0..3.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -35,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import benchlib
 
 from packer.dupes import confirm_candidates, exact_candidates
-from packer.nearhash import HASHES, MAX_THRESHOLD, group_near
+from packer.nearhash import HASHES, MAX_THRESHOLD, MIN_SIDE, flatten, group_near
 
 ICONS = Path("/usr/share/icons/oxygen/base/256x256")
 
@@ -207,25 +213,302 @@ def bench_near(limit: int) -> list[str]:
     return lines
 
 
+# ----------------------------------------------------------------- planted copies in a real theme
+
+THEMES = {
+    "oxygen": Path("/usr/share/icons/oxygen/base"),  # apt-get install oxygen-icon-theme
+    "mate": Path("/usr/share/backgrounds/mate"),  # apt-get install mate-backgrounds
+}
+IMAGE_EXT = (".png", ".jpg", ".jpeg")
+
+
+def picture_key(theme: str, rel: str) -> str:
+    """The rule for 'the same picture' inside a theme, before links and planted copies.
+
+    oxygen: the icon's file name, whatever its size folder and category
+    (``48x48/apps/kate.png`` and ``256x256/apps/kate.png`` are one icon drawn at two sizes;
+    ``32x32/apps/x.png`` and ``32x32/categories/x.png`` one icon filed twice). mate: the file
+    name minus a ``_WxH`` size suffix (``Elephants_3840x2160.jpg`` is ``Elephants.jpg`` at
+    another size).
+    """
+    path = Path(rel)
+    if theme == "oxygen":
+        return path.stem
+    return str(path.parent / re.sub(r"_\d+x\d+$", "", path.stem))
+
+
+def _copy_image(original: Path, kind: str, rng: random.Random) -> tuple[bytes, str]:
+    """A planted copy of `original`: its bytes and a name tail (kind, parameters, extension).
+
+    kinds: ``jpeg`` (re-encoded as JPEG q70-90 at full size: PNG -> JPEG for a PNG),
+    ``resized`` (50-90 %, same format; a PNG keeps its alpha), ``resized-swap`` (50-90 % and
+    the other format: PNG -> JPEG q70-90, JPEG -> PNG). A JPEG copy of a PNG with alpha is the
+    PNG flattened over black (what ``packer dupes --near`` compares).
+    """
+    is_png = original.suffix.lower() == ".png"
+    image = cv2.imread(str(original), cv2.IMREAD_UNCHANGED if is_png else cv2.IMREAD_COLOR)
+    assert image is not None, original
+    tail = kind
+    if kind != "jpeg":
+        scale = rng.uniform(0.5, 0.9)
+        h, w = image.shape[:2]
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+        tail += f"-{scale:.2f}"
+    to_png = is_png if kind != "resized-swap" else not is_png
+    if kind == "jpeg":
+        to_png = False
+    if to_png:
+        ok, buf = cv2.imencode(".png", image)
+        return buf.tobytes(), f"{tail}.png"
+    if image.dtype != np.uint8:
+        image = (image >> 8).astype(np.uint8)
+    if image.ndim == 3 and image.shape[2] == 4:  # flattened over black, as dupes compares
+        image = (image[:, :, :3] * (image[:, :, 3:] / 255)).round().astype(np.uint8)
+    quality = rng.randint(70, 90)
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return buf.tobytes(), f"{tail}-q{quality}.jpg"
+
+
+def plant(theme: str, src: Path, sample: int, seed: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Copy the theme to `src` and plant 3 copies of `sample` random pictures under planted/.
+
+    Returns {copy: original} and {link: target} (the theme's symlinks, same bytes), as paths
+    relative to `src`.
+    """
+    root = THEMES[theme]
+    shutil.copytree(root, src, symlinks=True)
+    links, files = {}, []
+    for path in sorted(src.rglob("*")):
+        if path.suffix.lower() not in IMAGE_EXT:
+            continue
+        rel = path.relative_to(src).as_posix()
+        if path.is_symlink():
+            links[rel] = path.resolve().relative_to(src.resolve()).as_posix()
+        elif path.is_file():
+            files.append(rel)
+    # originals >= 64 px, so that copies at 50 % keep the 32 px the near pass compares
+    files = [f for f in files if min(_size(src / f)) >= 2 * MIN_SIDE]
+    rng = random.Random(seed)
+    planted: dict[str, str] = {}
+    (src / "planted").mkdir()
+    for k, rel in enumerate(rng.sample(files, min(sample, len(files) // 2))):
+        for kind in ("jpeg", "resized", "resized-swap"):
+            data, tail = _copy_image(src / rel, kind, rng)
+            name = f"planted/{k:04d}-{Path(rel).stem}-{tail}"
+            (src / name).write_bytes(data)
+            planted[name] = rel
+    return planted, links
+
+
+def _size(path: Path) -> tuple[int, int]:
+    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    return (0, 0) if image is None else (image.shape[1], image.shape[0])
+
+
+_FLAT: dict[Path, np.ndarray | None] = {}
+
+
+def _flat(path: Path) -> np.ndarray | None:
+    if path not in _FLAT:  # read once: a group of n members makes n * n / 2 pairs
+        image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        _FLAT[path] = None if image is None else flatten(image).astype(np.int16)
+    return _FLAT[path]
+
+
+def _same_pixels(a: Path, b: Path) -> bool:
+    """Two theme files of one size whose pixels (over black) differ by <= 8 levels anywhere."""
+    x, y = _flat(a), _flat(b)
+    if x is None or y is None or x.shape != y.shape:
+        return False
+    return int(np.abs(x - y).max()) <= 8
+
+
+class _Classes:
+    """Union-find over paths: which paths show the same picture."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, x: str) -> str:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _run_packer(*args: str) -> tuple[float, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", "from packer.cli import main; main()", *args]
+    t = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - t
+    if done.returncode != 0:
+        raise SystemExit(f"packer {' '.join(args)}: exit {done.returncode}\n{done.stderr}")
+    return took, done.stdout
+
+
+def score(
+    theme: str,
+    report: dict,
+    planted: dict[str, str],
+    links: dict[str, str],
+    src: Path | None = None,
+) -> dict[str, Any]:
+    """Precision and recall of `report` (dupes --json) against the planted copies.
+
+    Same picture: the rule of `picture_key`, a symlink and its target, a planted copy and its
+    original, identical bytes (an exact group), and two theme files of one size whose pixels
+    differ by at most 8 levels (`_same_pixels`: the theme files one picture under two
+    names). A group is true when all its members show one picture; a false pair is two
+    members of a group that do not.
+    """
+    classes = _Classes()
+    paths = {m["path"] for g in report["groups"] for m in g["members"]}
+    for rel in paths | set(links) | set(links.values()) | set(planted.values()):
+        if not rel.startswith("planted/"):
+            classes.union(rel, "key:" + picture_key(theme, rel))
+    for a, b in [*links.items(), *planted.items()]:
+        classes.union(a, b)
+    for g in report["groups"]:
+        if g["kind"] == "exact":
+            for m in g["members"][1:]:
+                classes.union(m["path"], g["members"][0]["path"])
+    aliases = 0  # one picture under two names in the theme: same size, same pixels
+    if src is not None:
+        for g in report["groups"]:
+            members = [m["path"] for m in g["members"] if not m["path"].startswith("planted/")]
+            for i, a in enumerate(members):
+                for b in members[i + 1 :]:
+                    if classes.find(a) != classes.find(b) and _same_pixels(src / a, src / b):
+                        classes.union(a, b)
+                        aliases += 1
+    near = [g for g in report["groups"] if g["kind"] == "near"]
+    false_groups, false_pairs, pairs, found = [], 0, 0, 0
+    group_of: dict[str, int] = {}
+    for k, g in enumerate(near):
+        members = [m["path"] for m in g["members"]]
+        for p in members:
+            group_of[p] = k
+        roots = [classes.find(p) for p in members]
+        n = len(roots)
+        pairs += n * (n - 1) // 2
+        bad = sum(1 for i in range(n) for j in range(i + 1, n) if roots[i] != roots[j])
+        false_pairs += bad
+        if bad:
+            false_groups.append(members)
+    for copy, original in planted.items():
+        if copy in group_of and group_of[copy] == group_of.get(original):
+            found += 1
+    with_planted = sum(any(m["path"] in planted for m in g["members"]) for g in near)
+    return {
+        "near_groups": len(near),
+        "with_planted": with_planted,
+        "false_groups": false_groups,
+        "pairs": pairs,
+        "false_pairs": false_pairs,
+        "recall": found / max(1, len(planted)),
+        "found": found,
+        "largest": max((len(g["members"]) for g in near), default=0),
+        "aliases": aliases,
+    }
+
+
+def bench_planted(theme: str, sample: int, seed: int) -> list[str]:
+    """Plant copies in `theme`, pack it, run ``packer dupes --near --json`` and score it."""
+    if not THEMES[theme].is_dir():
+        return [f"{theme}: not installed ({THEMES[theme]}); skipped", ""]
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        src, out = Path(tmp) / "src", Path(tmp) / f"{theme}.lmdb"
+        planted, links = plant(theme, src, sample, seed)
+        t_build, _ = _run_packer("build", str(src), str(out))
+        t_exact, _ = _run_packer("dupes", str(out), "--json")
+        t_near, text = _run_packer("dupes", str(out), "--near", "--json")
+        report = json.loads(text)
+        n = report["summary"]
+        images = sum(1 for _ in open(out / "index.jsonl"))  # noqa: SIM115
+        s = score(theme, report, planted, links, src)
+    originals = len(set(planted.values()))
+    lines = [
+        f"#### {theme}: {images:,} images, {originals} originals with 3 planted copies each "
+        f"(seed {seed})",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| near groups | {s['near_groups']:,} ({s['with_planted']:,} hold planted copies; "
+        f"largest {s['largest']} images) |",
+        f"| false groups (two pictures in one group) | {len(s['false_groups'])} |",
+        f"| precision (true groups / groups) | "
+        f"{1 - len(s['false_groups']) / max(1, s['near_groups']):.1%} |",
+        f"| false pairs / pairs in groups | {s['false_pairs']:,} / {s['pairs']:,} |",
+        f"| recall (planted copies in their original's group) | {s['recall']:.1%} "
+        f"({s['found']:,} of {len(planted):,}) |",
+        f"| exact groups | {n['exact_groups']:,} |",
+        f"| pairs of theme files that are one picture under two names | {s['aliases']:,} |",
+        f"| images under {MIN_SIDE} px (not compared for near copies) | "
+        f"{report['near']['too_small']:,} |",
+        f"| packer build | {t_build:.1f} s |",
+        f"| packer dupes (exact only) | {t_exact:.1f} s |",
+        f"| packer dupes --near | {t_near:.1f} s |",
+        "",
+    ]
+    for members in s["false_groups"][:10]:
+        lines.append(
+            "false group: " + ", ".join(members[:6]) + (" ..." if len(members) > 6 else "")
+        )
+    missed = [
+        c
+        for c, o in planted.items()
+        if c not in {m["path"] for g in report["groups"] for m in g["members"]}
+    ]
+    for copy in missed[:20]:
+        lines.append(f"missed: {copy} (copy of {planted[copy]})")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--groups", type=int, default=10_000)
     parser.add_argument("--decoys", type=int, default=1_000)
     parser.add_argument("--icons", type=int, default=600)
+    parser.add_argument(
+        "--planted",
+        default="oxygen,mate",
+        help="themes to plant copies in and score (comma-separated; 'none' to skip); "
+        "with --only-planted, nothing else is measured",
+    )
+    parser.add_argument("--only-planted", action="store_true")
+    parser.add_argument(
+        "--sample", type=int, default=400, help="originals per theme (at most half)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
     benchlib.add_output_arguments(parser, "bench_dupes")
     args = parser.parse_args()
-    lines = [
-        f"### packer dupes: exact pass on {args.rows:,} index rows",
-        "",
-        "| step | time | result |",
-        "|---|---|---|",
-        *bench_exact(args.rows, args.groups, args.decoys),
-        bench_load(args.rows),
-        bench_group_near(args.rows),
-        "",
-        *bench_near(args.icons),
-    ]
+    lines = []
+    if not args.only_planted:
+        lines += [
+            f"### packer dupes: exact pass on {args.rows:,} index rows",
+            "",
+            "| step | time | result |",
+            "|---|---|---|",
+            *bench_exact(args.rows, args.groups, args.decoys),
+            bench_load(args.rows),
+            bench_group_near(args.rows),
+            "",
+            *bench_near(args.icons),
+            "",
+        ]
+    themes = [t for t in args.planted.split(",") if t and t != "none"]
+    if themes:
+        lines += ["### packer dupes --near on real themes with planted copies", ""]
+    for theme in themes:
+        lines += bench_planted(theme, args.sample, args.seed)
     text = "\n".join(lines)
     print(text)
     benchlib.save_results(args, "bench_dupes", text + "\n")

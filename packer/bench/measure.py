@@ -58,9 +58,10 @@ def more_rounds(rates: Sequence[float], *, least: int = MIN_ROUNDS) -> bool:
 class BenchConfig:
     """What ``packer bench`` measures.
 
-    ``workers`` empty means ``0..usable cores``. A setting is timed in ``rounds`` rounds or
-    more (`more_rounds`); a round stops after ``batches`` batches or ``seconds`` seconds,
-    whichever comes first; with neither, after :data:`DEFAULT_SECONDS`.
+    ``workers`` empty means ``0..usable cores``; values above twice the usable cores are timed
+    at that cap (`worker_cap`). A setting is timed in ``rounds`` rounds or more
+    (`more_rounds`); a round stops after ``batches`` batches or ``seconds`` seconds, whichever
+    comes first; with neither, after :data:`DEFAULT_SECONDS`.
     """
 
     path: Path
@@ -109,9 +110,24 @@ class BenchConfig:
             raise ConfigError(f"--compare {self.compare}: not a directory")
 
     @property
+    def worker_cap(self) -> int:
+        """The most num_workers timed: twice the usable cores.
+
+        Above the cores workers compete for them (which the report shows, and which slow
+        storage can repay); far above, each costs a process and its memory for nothing, so
+        ``--workers 1000000`` is timed at this cap rather than forking a million processes.
+        """
+        return 2 * usable_cores()
+
+    @property
     def worker_counts(self) -> tuple[int, ...]:
-        """The num_workers values to time: those given, else 0 to the usable cores."""
-        return self.workers or tuple(range(usable_cores() + 1))
+        """The num_workers values to time: those given (each once, at most `worker_cap`).
+
+        Without ``workers``: 0 to the usable cores.
+        """
+        if not self.workers:
+            return tuple(range(usable_cores() + 1))
+        return tuple(dict.fromkeys(min(w, self.worker_cap) for w in self.workers))
 
     @property
     def limit_seconds(self) -> float | None:

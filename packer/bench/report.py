@@ -211,6 +211,12 @@ def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> 
             "cache left them"
         )
 
+    capped = [w for w in cfg.workers if w > cfg.worker_cap]
+    if capped:
+        report.notes.append(
+            f"num_workers={', '.join(map(str, capped))} timed as {cfg.worker_cap}, twice the "
+            f"{cores} usable cores: more workers would only compete for them"
+        )
     over = [w for w in cfg.worker_counts if w > cores]
     if over:
         report.warnings.append(

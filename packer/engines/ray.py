@@ -67,7 +67,8 @@ def _import_ray() -> Any:
         import ray
     except ImportError:
         raise ConfigError(
-            "--engine ray needs Ray: pip install 'paddle-packer[ray]' (on every node)"
+            "--engine ray needs Ray on every node: pip install ray (from a packer clone: "
+            "pip install '.[ray]')"
         ) from None
     return ray
 

@@ -7,13 +7,14 @@ That is strict label values (int ids, JSON), the lines of a label file, and the
 from __future__ import annotations
 
 import codecs
+import io
 import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from packer import problems as P
 from packer.config import LABEL_KEYWORDS
@@ -134,12 +135,97 @@ def bad_line(name: str, path: Path | str, number: int, message: str) -> Problem:
     return Problem(f"{name}:{number}", P.BAD_LINE, f"{path}:{number}: {message}")
 
 
-def numbered_lines(data: Iterable[bytes]) -> Iterator[tuple[int, str | None]]:
-    r"""Lines split on ``\n`` only (``\\r\\n`` too), decoded; None for a line that is not UTF-8.
+MAX_LINE_BYTES = 1 << 20
+"""The longest line a label file may hold, in bytes (1 MiB, without its line end).
 
-    ``str.splitlines`` would also split on U+2028, form feeds and the like inside a label.
+A longer line is a ``bad_line`` and is skipped without being read into memory (a label line
+costs several times its size once decoded and parsed); a CSV row whose field spanning lines
+grows past it is a ``bad_line`` too.
+"""
+
+
+@dataclass(frozen=True)
+class LongLine:
+    """A line of a label file longer than :data:`MAX_LINE_BYTES`, skipped unread."""
+
+    size: int  # its bytes, without the line end
+
+    def message(self) -> str:
+        """The ``bad_line`` message for it."""
+        return (
+            f"a line of {self.size} bytes, longer than the {MAX_LINE_BYTES >> 20} MiB a "
+            "label line may hold; skipped"
+        )
+
+
+Line = str | LongLine | None
+"""A line of a label file as `numbered_lines` gives it: its text, a `LongLine`, or None when
+it is not UTF-8."""
+
+
+_BLOCK = MAX_LINE_BYTES >> 2  # read at a time: a line between two line ends of a block is short
+
+
+def _long(line: bytes) -> LongLine | None:
+    r"""A `LongLine` for `line` (without its ``\n``) when it is past the bound, else None."""
+    size = len(line) - line.endswith(b"\r")
+    return LongLine(size) if size > MAX_LINE_BYTES else None
+
+
+def bounded_lines(f: BinaryIO) -> Iterator[bytes | LongLine]:
+    r"""The lines of the binary file `f`, without their ``\n``, read a block at a time.
+
+    A line of more than :data:`MAX_LINE_BYTES` (without its line end) comes as a `LongLine`:
+    it is read on and dropped a block at a time, never held whole.
     """
-    for number, raw in enumerate(data, start=1):
+    tail = b""  # the start of a line that the next block goes on with
+    skipped = -1  # bytes so far of a long line being dropped (-1: none)
+    cr = False  # the bytes dropped so far end with "\r"
+    while block := f.read(_BLOCK):
+        if skipped >= 0:
+            end = block.find(b"\n")
+            if end < 0:
+                skipped += len(block)
+                cr = block.endswith(b"\r")
+                continue
+            before = block[end - 1 : end] == b"\r" if end else cr
+            yield LongLine(skipped + end - before)
+            skipped = -1
+            block = block[end + 1 :]
+        lines = block.split(b"\n")
+        if len(lines) == 1:
+            tail += block
+        else:  # only the first line can be long: it goes on from earlier blocks
+            first = tail + lines[0]
+            yield _long(first) or first
+            tail = lines.pop()
+            yield from lines[1:]
+        del lines
+        if len(tail) > MAX_LINE_BYTES + 1:  # long even if a "\r\n" comes next
+            skipped, cr, tail = len(tail), tail.endswith(b"\r"), b""
+    if skipped >= 0:
+        yield LongLine(skipped - cr)
+    elif tail:
+        yield _long(tail) or tail
+
+
+def numbered_lines(data: Iterable[bytes] | BinaryIO) -> Iterator[tuple[int, Line]]:
+    r"""Lines split on ``\n`` only (``\r\n`` too), decoded.
+
+    None for a line that is not UTF-8, a `LongLine` for one past :data:`MAX_LINE_BYTES`
+    (a binary file is read line by line with `bounded_lines`, so such a line is never held
+    in memory whole). ``str.splitlines`` would also split on U+2028, form feeds and the like
+    inside a label.
+    """
+    raws: Iterable[bytes | LongLine]
+    if isinstance(data, io.IOBase):
+        raws = bounded_lines(cast(BinaryIO, data))
+    else:
+        raws = (r if len(r) <= MAX_LINE_BYTES else LongLine(len(r)) for r in data)
+    for number, raw in enumerate(raws, start=1):
+        if isinstance(raw, LongLine):
+            yield number, raw
+            continue
         line = raw[:-1] if raw.endswith(b"\n") else raw
         if line.endswith(b"\r"):
             line = line[:-1]
@@ -158,7 +244,7 @@ def has_entry(line: str) -> bool:
 
 
 def entry_lines(
-    lines: Iterable[tuple[int, str | None]],
+    lines: Iterable[tuple[int, Line]],
     parsed: Parsed,
     path: Path | str,
     *,
@@ -166,14 +252,17 @@ def entry_lines(
 ) -> Iterator[tuple[int, str]]:
     """Yield the entry lines of a label file, each counted in ``parsed.lines``.
 
-    A line that is not UTF-8 is counted too and reported in ``parsed.bad``; blank (and
-    comment) lines are not.
+    A line that is not UTF-8 or is too long (`LongLine`) is counted too and reported in
+    ``parsed.bad``; blank (and comment) lines are not.
     """
     name = Path(path).name
     for number, line in lines:
         if line is None:
             parsed.lines += 1
             parsed.bad.append(bad_line(name, path, number, "not UTF-8 text"))
+        elif isinstance(line, LongLine):
+            parsed.lines += 1
+            parsed.bad.append(bad_line(name, path, number, line.message()))
         elif is_entry(line):
             parsed.lines += 1
             yield number, line

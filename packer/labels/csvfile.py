@@ -1,22 +1,33 @@
 """CSV manifests: a header row naming ``path`` and ``label`` columns.
 
 Clean files are read with pyarrow, the rest with the csv module (line by line, each bad line
-reported).
+reported). A file with a line past `MAX_LINE_BYTES` is read line by line, that line unread.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import io
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from packer.errors import LabelSourceError
-from packer.labels.common import Listed, Parsed, bad_line, int_or_none, loads_label, shorten
+from packer.labels.common import (
+    MAX_LINE_BYTES,
+    Listed,
+    LongLine,
+    Parsed,
+    bad_line,
+    bounded_lines,
+    int_or_none,
+    loads_label,
+    shorten,
+)
 from packer.problems import Problem
-
-_CSV_FIELD_LIMIT = (1 << 31) - 1
 
 
 def _csv_label(cell: str, *, names: bool) -> Any:
@@ -102,6 +113,16 @@ def _valid_utf8(*cells: str) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _field_limit(limit: int) -> Iterator[None]:
+    """The csv module's field size limit (process-wide) set to `limit` inside the block."""
+    saved = csv.field_size_limit(limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(saved)
+
+
 def csv_rows_python(
     text: str, path: Path | str, path_col: int, label_col: int
 ) -> tuple[list[tuple[int, str, str]], list[Problem], int]:
@@ -110,46 +131,137 @@ def csv_rows_python(
     `text` is the file decoded with ``surrogateescape``, so a line that is not UTF-8 is
     reported instead of failing the file.
     """
-    name = Path(path).name
-    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
     # lines end at "\n" only, as for list files and in the pyarrow path; a lone "\r" outside
     # quotes is then a csv.Error on its line
-    reader = csv.reader(io.StringIO(text, newline="\n"))
+    return _csv_rows(io.StringIO(text, newline="\n"), path, path_col, label_col)
+
+
+def _csv_rows(
+    lines: Iterable[str],
+    path: Path | str,
+    path_col: int,
+    label_col: int,
+    *,
+    before: int = 0,
+    width: int = -1,
+    bad: list[Problem] | None = None,
+) -> tuple[list[tuple[int, str, str]], list[Problem], int]:
+    """`csv_rows_python` over `lines`, which come after `before` lines of the file.
+
+    With `width` (the header's, already read) every row is data. A field (spanning lines)
+    past `MAX_LINE_BYTES` is a bad line. `bad` may hold problems already, and grow as `lines`
+    is read.
+    """
+    name = Path(path).name
+    reader = csv.reader(lines)
     rows: list[tuple[int, str, str]] = []
-    bad: list[Problem] = []
-    width = -1
+    bad = [] if bad is None else bad
     count = 0
-    while True:
-        start = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
+    with _field_limit(MAX_LINE_BYTES):
+        while True:
+            start = before + reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                count += 1
+                bad.append(bad_line(name, path, start, f"not a CSV row ({exc})"))
+                continue
+            if width < 0:  # the header
+                width = len(row)
+                continue
+            if not row:  # a blank line
+                continue
             count += 1
-            bad.append(bad_line(name, path, start, f"not a CSV row ({exc})"))
-            continue
-        if width < 0:  # the header
-            width = len(row)
-            continue
-        if not row:  # a blank line
-            continue
-        count += 1
-        if not _valid_utf8(*row):
-            bad.append(bad_line(name, path, start, "not UTF-8 text"))
-        elif len(row) != width:
-            bad.append(
-                bad_line(
-                    name,
-                    path,
-                    start,
-                    f"expected {width} fields as in the header, got "
-                    f"{len(row)}: {shorten(','.join(row))}",
+            if not _valid_utf8(*row):
+                bad.append(bad_line(name, path, start, "not UTF-8 text"))
+            elif len(row) != width:
+                bad.append(
+                    bad_line(
+                        name,
+                        path,
+                        start,
+                        f"expected {width} fields as in the header, got "
+                        f"{len(row)}: {shorten(','.join(row))}",
+                    )
                 )
-            )
-        else:
-            rows.append((start, row[path_col], row[label_col]))
+            else:
+                rows.append((start, row[path_col], row[label_col]))
     return rows, bad, count
+
+
+def _may_have_long_line(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> bool:
+    r"""Whether a line of `f` may be longer than `limit` bytes, read `limit` bytes at a time.
+
+    Lines between two line ends of one piece are shorter: only the runs across pieces are
+    measured (a ``\r`` before a line end counts, so a line of exactly `limit` bytes and
+    ``\r\n`` may be taken as long: `bounded_lines` then measures it exactly).
+    """
+    since = 0  # bytes since the last "\n"
+    while block := f.read(limit):
+        first = block.find(b"\n")
+        if first < 0:
+            since += len(block)
+        elif since + first > limit:
+            return True
+        else:
+            since = len(block) - block.rfind(b"\n") - 1
+        if since > limit:
+            return True
+    return False
+
+
+class _CsvLines:
+    """The lines of a CSV for the csv module, each `LongLine` as a blank line.
+
+    Each long line is reported in `bad` as it is read, and counted in ``longs``.
+    """
+
+    def __init__(
+        self, raws: Iterable[bytes | LongLine], path: Path | str, bad: list[Problem], *, before: int
+    ) -> None:
+        self.raws, self.path, self.bad, self.before = raws, path, bad, before
+        self.longs = 0
+
+    def __iter__(self) -> Iterator[str]:
+        name = Path(self.path).name
+        for number, raw in enumerate(self.raws, start=self.before + 1):
+            if isinstance(raw, LongLine):
+                self.longs += 1
+                self.bad.append(bad_line(name, self.path, number, raw.message()))
+                yield "\n"
+            else:
+                yield raw.decode("utf-8", "surrogateescape") + "\n"
+
+
+def read_csv(path: Path, *, names: bool = False) -> Parsed:
+    """Parse the CSV manifest at `path` (`parse_csv`), no line of it read whole past the bound.
+
+    A file with no line past `MAX_LINE_BYTES` is read whole and parsed as `parse_csv` does;
+    otherwise it is read line by line, each long line reported as a bad line unread.
+
+    Raises:
+        LabelSourceError: no header with ``path`` and ``label`` columns.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size <= MAX_LINE_BYTES or not _may_have_long_line(f):
+            f.seek(0)
+            return parse_csv(f.read(), path, names=names)
+        f.seek(0)
+        raws = bounded_lines(f)
+        first = next(raws)
+        if isinstance(first, LongLine):
+            raise LabelSourceError(f"--labels {path}: the header row is {first.message()}")
+        header, path_col, label_col = _csv_header(
+            first.decode("utf-8", "surrogateescape").removeprefix("\ufeff"), path
+        )
+        lines = _CsvLines(raws, path, [], before=1)
+        rows, bad, count = _csv_rows(
+            lines, path, path_col, label_col, before=1, width=len(header), bad=lines.bad
+        )
+    return _parsed_csv(rows, bad, count + lines.longs, path, names=names)
 
 
 def parse_csv(data: bytes, path: Path | str, *, names: bool = False) -> Parsed:
@@ -163,15 +275,26 @@ def parse_csv(data: bytes, path: Path | str, *, names: bool = False) -> Parsed:
     Raises:
         LabelSourceError: no header with ``path`` and ``label`` columns.
     """
-    name = Path(path).name
     text = data.decode("utf-8", "surrogateescape").removeprefix("\ufeff")
     header, path_col, label_col = _csv_header(text, path)
-    parsed = Parsed("csv")
     rows = csv_rows_arrow(data, header, path_col, label_col)
     if rows is None:
-        rows, parsed.bad, parsed.lines = csv_rows_python(text, path, path_col, label_col)
-    else:
-        parsed.lines = len(rows)
+        rows, bad, count = csv_rows_python(text, path, path_col, label_col)
+        return _parsed_csv(rows, bad, count, path, names=names)
+    return _parsed_csv(rows, [], len(rows), path, names=names)
+
+
+def _parsed_csv(
+    rows: list[tuple[int, str, str]],
+    bad: list[Problem],
+    count: int,
+    path: Path | str,
+    *,
+    names: bool,
+) -> Parsed:
+    """The `Parsed` of a CSV manifest from its rows, bad lines and count of data rows."""
+    name = Path(path).name
+    parsed = Parsed("csv", bad=bad, lines=count)
     for number, rel, cell in rows:
         if not rel.strip():
             parsed.bad.append(bad_line(name, path, number, "an empty path cell"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from packer.errors import LabelSourceError
 from packer.labels.common import Parsed, has_entry, numbered_lines
-from packer.labels.csvfile import parse_csv
+from packer.labels.csvfile import read_csv
 from packer.labels.im2rec import lst_fields, parse_lst_lines
 from packer.labels.jsonl import parse_jsonl_lines
 from packer.labels.listfile import parse_list_lines
@@ -24,7 +24,7 @@ def _sniff(head: bytes) -> list[str]:
         chunks = chunks[:-1]  # the last line may be cut short
     found: list[str] = []
     for _, line in numbered_lines(chunks):
-        if line is not None and has_entry(line):
+        if isinstance(line, str) and has_entry(line):
             found.append(line)
             if len(found) >= _SNIFF_LINES:
                 break
@@ -103,7 +103,7 @@ def read_label_file(path: Path, *, names: bool = False) -> Parsed:
     kind = detect_kind(path, head)
     try:
         if kind == "csv":
-            parsed = parse_csv(path.read_bytes(), path, names=names)
+            parsed = read_csv(path, names=names)
         else:
             with open(path, "rb") as f:
                 lines = numbered_lines(f)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from packer.labels.common import Listed, Parsed, bad_line, entry_lines, int_or_none, shorten
+from packer.labels.common import Line, Listed, Parsed, bad_line, entry_lines, int_or_none, shorten
 
 _NUMBER = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
 
@@ -37,7 +37,7 @@ def lst_fields(line: str) -> tuple[list[int | float], str] | None:
     return [n for n in numbers if n is not None], path
 
 
-def parse_lst_lines(lines: Iterable[tuple[int, str | None]], path: Path | str) -> Parsed:
+def parse_lst_lines(lines: Iterable[tuple[int, Line]], path: Path | str) -> Parsed:
     """Parse an MXNet im2rec ``.lst`` file: ``index<TAB>label...<TAB>path`` lines.
 
     One label becomes a number (an int when integral: im2rec writes ``3.000000``); several

@@ -6,10 +6,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from packer.errors import LabelSourceError
-from packer.labels.common import Listed, Parsed, bad_line, entry_lines, loads_label, shorten
+from packer.labels.common import (
+    Line,
+    Listed,
+    Parsed,
+    bad_line,
+    entry_lines,
+    loads_label,
+    shorten,
+)
 
 
-def parse_jsonl_lines(lines: Iterable[tuple[int, str | None]], path: Path | str) -> Parsed:
+def parse_jsonl_lines(lines: Iterable[tuple[int, Line]], path: Path | str) -> Parsed:
     """Parse a JSON Lines manifest: one ``{"path": ..., "label": ...}`` object per line.
 
     Any JSON label is kept as it is; a missing or null label is an entry without a label.

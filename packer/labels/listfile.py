@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from packer.labels.common import (
+    Line,
     Listed,
     Parsed,
     bad_line,
@@ -44,7 +45,7 @@ def split_list_line(line: str) -> tuple[str, str] | None:
 
 
 def parse_list_lines(
-    lines: Iterable[tuple[int, str | None]], path: Path | str, *, names: bool = False
+    lines: Iterable[tuple[int, Line]], path: Path | str, *, names: bool = False
 ) -> Parsed:
     """Parse a list file of ``path<TAB>label`` or ``path label`` lines.
 

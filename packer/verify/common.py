@@ -2,7 +2,9 @@
 
 What ``packer verify`` checks the same way in every format: the entries of OUT (only the
 dataset's own, each a regular file), meta.json and its shard table, errors.jsonl, index.jsonl
-line by line (ids, shard, SHA-256), and decoding.
+line by line (ids, shard, SHA-256), and decoding (``--deep``): as readers decode, and through
+the very check the build puts its inputs to (`packer.prepare.prepare_bytes`), so that
+``verify --deep`` is at least as strict as ``packer build``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from packer.prepare import prepare_bytes
+from packer.problems import Problem
+from packer.transform import Transform
 from readers.columnar import COMPRESSIONS
 from readers.decode import decode_sample, decompress
 from readers.errors import DatasetFormatError
@@ -214,60 +219,76 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, int]:
-    """Decode the stored bytes as readers do, or say why they do not decode.
+_AS_BUILT = Transform(max_pixels=None)
+"""The build's checks of stored bytes, without a pixel limit (OUT may have been built with a
+higher ``--max-pixels``; its images are no bombs to refuse now)."""
 
-    The stored bytes decoded as readers do: ``(width, height, channels)`` as stored
-    (``decode="unchanged"``), or why they do not decode, as stored or with the default
-    ``decode="rgb"`` that a reader uses unless told otherwise.  Compressed raw pixels are
-    decompressed first, to the size the row's dimensions give.
+
+def _reader_dims(data: bytes, mode: str, row: dict[str, Any]) -> tuple[int, int, int] | None:
+    """``(width, height, channels)`` of the bytes decoded as a reader does in `mode`, or None."""
+    try:
+        image = decode_sample(
+            data,
+            mode,
+            stored=str(row.get("format") or ""),
+            height=_int(row.get("height")),
+            width=_int(row.get("width")),
+            channels=_int(row.get("channels")),
+        )
+    except (ValueError, cv2.error):
+        return None
+    return int(image.shape[1]), int(image.shape[0]), int(image.shape[2])
+
+
+def _decode_failure(data: bytes, row: dict[str, Any]) -> str | tuple[int, int, int]:
+    """Decode the stored bytes as readers do, and check them as the build does.
+
+    Returns ``(width, height, channels)`` of the stored image as ``decode="unchanged"`` gives
+    them, or why it fails: it does not decode with the default ``decode="rgb"`` that a reader
+    uses unless told otherwise (nor as stored), or the build's decode check refuses it.
+    That check is the very function the build runs on each input
+    (`packer.prepare.prepare_bytes` with ``decode_check=True``): it hears libjpeg's
+    corrupt-data warnings, which a reader's decode does not (OpenCV returns made-up pixels),
+    refuses cut-short files, and measures the image as ``IMREAD_UNCHANGED`` does, at a fraction
+    of a decode's cost. Raw pixels, made by the build itself, are reshaped instead; compressed
+    ones are decompressed first, to the size the row's dimensions give.
     """
-    height, width, channels = (_int(row.get(k)) for k in ("height", "width", "channels"))
     if "compression" in row:
         problem = _compression_problem(row)
         if problem is not None:
             return problem
+        size = _int(row.get("height")) * _int(row.get("width")) * _int(row.get("channels"))
         try:
-            data = decompress(data, row["compression"], height * width * channels)
+            data = decompress(data, row["compression"], size)
         except ValueError as exc:
             return str(exc)  # cannot decompress <codec> to <size> bytes (why)
-    dims = None
-    for mode in ("unchanged", "rgb"):
-        try:
-            image = decode_sample(
-                data,
-                mode,
-                stored=str(row.get("format") or ""),
-                height=height,
-                width=width,
-                channels=channels,
-            )
-        except (ValueError, cv2.error):
-            if dims is None:
-                return "does not decode"
-            return 'does not decode as readers decode by default (decode="rgb")'
-        if dims is None:
-            dims = (int(image.shape[1]), int(image.shape[0]), int(image.shape[2]))
-    assert dims is not None
-    return dims
+    if _reader_dims(data, "rgb", row) is None:
+        if _reader_dims(data, "unchanged", row) is None:
+            return "does not decode"
+        return 'does not decode as readers decode by default (decode="rgb")'
+    if row.get("format") == "raw":
+        return _reader_dims(data, "unchanged", row) or "does not decode"
+    found = prepare_bytes(str(row.get("path") or ""), data, None, transform=_AS_BUILT)
+    if isinstance(found, Problem):
+        return f"the build's decode check refuses it ({found.reason}): {found.message}"
+    return found.width, found.height, found.channels
 
 
-def decoded_dims(data: bytes, row: dict[str, Any] | None = None) -> tuple[int, int, int] | None:
-    """Return ``(width, height, channels)`` of the stored bytes decoded, or None.
+def decode_problem(data: bytes, row: dict[str, Any] | None = None) -> str | None:
+    """Why the stored bytes fail ``--deep`` (`_decode_failure`), or None when they pass.
 
-    ``(width, height, channels)`` of the stored bytes decoded the way readers decode them
-    (raw pixels by the index row's dimensions), or None when they do not decode, as stored
-    or with the default ``decode="rgb"``.
+    They decode the way readers decode them (raw pixels by the index row's dimensions), as
+    stored and with the default ``decode="rgb"``, and pass the build's decode check.
     """
     found = _decode_failure(data, row or {})
-    return None if isinstance(found, str) else found
+    return found if isinstance(found, str) else None
 
 
 def check_decode(where: str, data: bytes, row: dict[str, Any], report: Report) -> None:
-    """Check that the stored bytes decode (``--deep``) as readers decode them.
+    """Check that the stored bytes pass ``--deep`` (`_decode_failure`) at the index's size.
 
-    The stored bytes decode (``--deep``) as readers decode them (stored, and with the
-    default ``decode="rgb"``), to the size the index row gives.
+    The stored bytes decode as readers decode them (stored, and with the default
+    ``decode="rgb"``), to the size the index row gives, and pass the build's decode check.
     """
     dims = _decode_failure(data, row)
     if isinstance(dims, str):

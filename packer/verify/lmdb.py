@@ -12,7 +12,7 @@ from typing import Any
 
 import lmdb
 
-from packer.verify.common import Report, Rows, check_decode, check_stored, decoded_dims
+from packer.verify.common import Report, Rows, check_decode, check_stored, decode_problem
 from readers.errors import DatasetRebuiltError
 from readers.formats.layout import META_NAME
 from readers.formats.lmdb import (
@@ -206,8 +206,9 @@ def _check_bare(env: Any, root: Path, *, deep: bool, report: Report) -> None:
                 continue
             if txn.get(label_key(local)) is None:
                 report(f"{where}: the label key {label_key(local).decode()} is missing")
-            if deep and decoded_dims(bytes(data)) is None:
-                report(f"{where}: does not decode")
+            problem = decode_problem(bytes(data)) if deep else None
+            if problem is not None:
+                report(f"{where}: {problem}")
         if env.stat()["entries"] > 2 * count + 1:
             report(
                 f"{root}: holds {env.stat()['entries']} keys, more than num-samples "

@@ -20,7 +20,7 @@ from packer.verify.common import (
     Rows,
     check_decode,
     check_stored,
-    decoded_dims,
+    decode_problem,
 )
 from readers.formats.layout import INDEX_NAME, META_NAME
 from readers.formats.recordio import (
@@ -231,8 +231,9 @@ def verify_bare(pair: tuple[Path, Path | None], *, deep: bool, report: Report) -
             except RecordIOError as exc:
                 report(f"{where}: {exc}")
             else:
-                if deep and len(image) and decoded_dims(bytes(image)) is None:
-                    report(f"{where}: does not decode")
+                problem = decode_problem(bytes(image)) if deep and len(image) else None
+                if problem is not None:
+                    report(f"{where}: {problem}")
                 elif deep and not len(image) and header.flag == 0:
                     report(f"{where}: holds no image bytes")
             offset, n = next_offset, n + 1

@@ -137,7 +137,32 @@ def load_draft_sizes(root: Path, index: DatasetIndex) -> DraftSizes:
     return take_sizes(sized)
 
 
-class ShardedDataset(paddle.io.Dataset[tuple[Any, Any]]):
+class ClassNames:
+    """``classes`` and ``num_classes`` of a dataset with an ``index`` (from its ``meta.json``)."""
+
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names by class id, from ``meta.json``; None when it has none.
+
+        ``packer build`` records them when labels are class names (class folders, or a list
+        file of names); bare datasets, WebDataset tars and other labels have none.
+        """
+        cached = self.__dict__.get("_class_names", False)
+        if cached is False:
+            meta = getattr(getattr(self, "index", None), "meta", None)
+            names = meta.get("classes") if isinstance(meta, dict) else None
+            cached = [str(n) for n in names] if isinstance(names, list) and names else None
+            self.__dict__["_class_names"] = cached
+        return cached  # type: ignore[no-any-return]
+
+    @property
+    def num_classes(self) -> int | None:
+        """``len(classes)``, or None without class names (labels are then not counted)."""
+        classes = self.classes
+        return None if classes is None else len(classes)
+
+
+class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
     """A map-style Dataset over the shards of one format: ``ds[i] -> (image, label)``.
 
     The constructor checks the options, then opens a packed dataset (``meta.json``) through

@@ -2,7 +2,7 @@
 
 ``is_url(path)`` says whether a dataset path is a URL; ``filesystem(url)`` returns the fsspec
 filesystem and the path inside it, importing fsspec (and s3fs for ``s3://``) only then, with a
-`StorageExtraMissingError` that names ``pip install 'paddle-packer[s3]'`` when they are missing.
+`StorageExtraMissingError` that names ``pip install fsspec s3fs`` when they are missing.
 Credentials and the endpoint come from the standard AWS variables (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ...), which botocore
 reads itself, or from ``storage_options`` (passed to the fsspec filesystem, e.g.
@@ -34,7 +34,7 @@ __all__ = [
     "s3_session",
 ]
 
-EXTRA_HINT = "pip install 'paddle-packer[s3]'"
+EXTRA_HINT = "pip install fsspec s3fs (from a packer clone: pip install '.[s3]')"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # protocols whose fsspec implementation lives in a package of its own, and that package
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "hdfs": "pyarrow"}

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import lmdb
@@ -26,6 +27,7 @@ from packer.labels import (
     csv_rows_python,
     plan_labels,
 )
+from packer.labels.common import MAX_LINE_BYTES, LongLine, numbered_lines
 from readers.formats.lmdb import label_key
 from tests.conftest import encode, make_image
 
@@ -839,3 +841,69 @@ def test_cli_label_depth_and_errors_exit_2(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output
         assert "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------- line bound
+
+LONG = 4 * MAX_LINE_BYTES + 5
+
+
+@pytest.mark.parametrize(
+    ("ext", "header", "line"),
+    [
+        (".txt", None, "{}\t{}"),
+        (".jsonl", None, '{{"path": "{}", "label": {}}}'),
+        (".csv", "path,label", "{},{}"),
+    ],
+)
+def test_a_label_line_past_the_bound_is_a_bad_line_never_read_whole(tmp_path, ext, header, line):
+    src = tmp_path / "src"
+    put_images(src, "a.png", "b.png", "c.png")
+    manifest = tmp_path / f"m{ext}"
+    long_line = line.format("b.png", '"' + "x" * LONG + '"')
+    lines = [line.format("a.png", 1), long_line, line.format("c.png", 3)]
+    manifest.write_text("\n".join(([header] if header else []) + lines) + "\n")
+    tracemalloc.start()
+    try:
+        plan = plan_labels(src, str(manifest))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_LINE_BYTES  # the 4 MiB line was read and dropped piece by piece
+    assert plan_labelled(plan) == {"a.png": 1, "c.png": 3}
+    number = 3 if header else 2
+    assert [(p.path, p.reason, p.message) for p in plan.problems] == [
+        (
+            f"m{ext}:{number}",
+            "bad_line",
+            f"{manifest}:{number}: a line of {len(long_line)} bytes, longer than the 1 MiB a "
+            "label line may hold; skipped",
+        )
+    ]
+
+
+def test_the_line_bound_is_exact_and_counts_no_line_end():
+    most = b"y" * MAX_LINE_BYTES
+    data = b"a\n" + most + b"\r\n" + most + b"z\r\n" + most + b"\n" + most + b"zz"
+    got = list(numbered_lines(io.BufferedReader(io.BytesIO(data))))
+    assert got == [
+        (1, "a"),
+        (2, most.decode()),
+        (3, LongLine(MAX_LINE_BYTES + 1)),
+        (4, most.decode()),
+        (5, LongLine(MAX_LINE_BYTES + 2)),
+    ]
+
+
+def test_a_csv_row_spanning_lines_past_the_bound_is_a_bad_line(tmp_path):
+    src = tmp_path / "src"
+    put_images(src, "a.png", "b.png", "c.png")
+    manifest = tmp_path / "m.csv"
+    spanning = "\n".join(["x" * 1000] * (MAX_LINE_BYTES // 1000 + 10))
+    manifest.write_text(f'path,label\na.png,1\nb.png,"{spanning}"\nc.png,3\n')
+    plan = plan_labels(src, str(manifest))
+    assert plan_labelled(plan)["a.png"] == 1
+    assert "b.png" not in plan_labelled(plan)
+    (problem,) = [p for p in plan.problems if p.path == "m.csv:3"]
+    assert problem.reason == "bad_line"
+    assert "field larger than field limit (1048576)" in problem.message

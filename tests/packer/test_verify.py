@@ -16,13 +16,15 @@ import pytest
 
 from packer.build import build
 from packer.config import BuildConfig
+from packer.decode_check import check_source
 from packer.verify import verify
 from readers import open_dataset
 from readers.formats import REGISTRY
 from readers.io import handles
 from readers.meta import load_meta
-from tests.conftest import Packed
+from tests.conftest import Packed, build_packed
 from tests.readers.test_lmdb_dataset import write_bare_lmdb
+from tests.readers.test_recordio_dataset import image_payload, record, write_pair
 
 
 @pytest.fixture
@@ -158,3 +160,57 @@ def test_bare_paddleocr_lmdb(tmp_path, tree):
     assert verify(bare) == [
         "bare sample 1 (image-000000002): the label key label-000000002 is missing"
     ]
+
+
+def corrupt_jpeg() -> bytes:
+    """A JPEG with restart markers whose scan has 120 bytes zeroed in its middle: it ends in
+    EOI and OpenCV decodes it (the damaged part made up); libjpeg only warns on stderr."""
+    image = cv2.GaussianBlur(
+        np.random.default_rng(5).integers(0, 256, (48, 64, 3), dtype=np.uint8), (7, 7), 0
+    )
+    flags = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_RST_INTERVAL, 2]
+    data = bytearray(cv2.imencode(".jpg", image, flags)[1].tobytes())
+    sos = data.find(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")
+    middle = (start + len(data) - 2) // 2
+    data[middle : middle + 120] = bytes(120)
+    assert cv2.imdecode(np.frombuffer(bytes(data), np.uint8), cv2.IMREAD_UNCHANGED) is not None
+    assert check_source(bytes(data), "jpeg").dims is None  # the build refuses it
+    return bytes(data)
+
+
+CORRUPT = (
+    r"the build's decode check refuses it \(undecodable\): the JPEG decoder reports corrupt data"
+)
+
+
+def test_deep_is_as_strict_as_the_build_decode_check(tree, tmp_path, fmt: str) -> None:
+    """A JPEG whose scan has a zeroed stretch decodes (OpenCV makes the pixels up; libjpeg only
+    warns on stderr): packed with --no-decode-check the index is consistent, so only the
+    build's own check can find it, and verify --deep runs it."""
+    src, _ = tree
+    (src / "cat" / "zeroed.jpg").write_bytes(corrupt_jpeg())
+    out = build_packed(src, tmp_path / f"out.{fmt}", fmt, decode_check=False)
+    i = [json.loads(line)["path"] for line in (out / "index.jsonl").open()].index("cat/zeroed.jpg")
+    assert verify(out) == []
+    problems = verify(out, deep=True)
+    assert len(problems) == 1, problems
+    assert re.match(rf"shard-00000 sample {i} \(.*cat/zeroed\.jpg\): {CORRUPT}", problems[0])
+
+
+def test_deep_of_bare_shards_runs_the_build_decode_check(tmp_path, tree) -> None:
+    _, files = tree
+    pngs = [files[k] for k in sorted(files) if k.endswith(".png")]
+    images = [*pngs[:2], corrupt_jpeg()]
+    write_bare_lmdb(tmp_path / "bare", images, ["a", "b", "c"])
+    assert verify(tmp_path / "bare") == []
+    problems = verify(tmp_path / "bare", deep=True)
+    assert len(problems) == 1, problems
+    assert re.match(rf"bare sample 2 \(image-000000003\): {CORRUPT}", problems[0])
+
+    recs = [(k, record(image_payload(data, 1.0, k))) for k, data in enumerate(images)]
+    offsets = write_pair(tmp_path / "x", recs)
+    assert verify(tmp_path / "x.rec") == []
+    problems = verify(tmp_path / "x.rec", deep=True)
+    assert len(problems) == 1, problems
+    assert re.match(rf"x\.rec record 2 \(offset {offsets[2]}, key 2\): {CORRUPT}", problems[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import pickle
+import threading
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from packer.transform import Transform
 from readers import LmdbDataset, ShardStream
 from readers.formats import FORMATS
 from readers.order import chunk_ranges, worker_counts
+from readers.stream import PERSISTENT_WORKERS
 from tests.readers.test_order import round_robin
 
 N = 151  # odd, so ranks and workers get uneven shares and batches run short mid-epoch
@@ -385,6 +387,51 @@ def test_dataloader_order_and_resume(packed: Path, truth: dict[str, Any], worker
         resumed = stream()
         resumed.load_state_dict(s.state_dict(consumed_samples=samples, loader=make_loader(s, 2)))
         assert loader_ids(make_loader(resumed, workers), truth) == predicted[0][k:]
+
+
+def test_persistent_workers_are_refused_in_the_main_process(
+    packed: Path, truth: dict[str, Any]
+) -> None:
+    """paddle 3.3 cannot run an IterableDataset with persistent workers (it hangs): the
+    stream says so in the main process, before the first epoch, at set_epoch."""
+    stream = ShardStream(packed, chunk_size=8, seed=5)
+    loader = paddle.io.DataLoader(stream, batch_size=8, num_workers=2, persistent_workers=True)
+    seen = []
+
+    def two_epochs() -> None:
+        for epoch in range(2):
+            stream.set_epoch(epoch)
+            seen.extend(loader_ids(loader, truth))
+
+    with pytest.raises(ValueError, match=r"persistent_workers=True and num_workers > 0: paddle"):
+        two_epochs()
+    assert seen == []  # refused before the first epoch
+    with pytest.raises(ValueError, match=r"make the DataLoader with persistent_workers=False"):
+        stream.batches_per_epoch(loader)
+    with pytest.raises(ValueError, match=r"persistent_workers=True"):
+        stream.state_dict(consumed_batches=1, loader=loader)
+    del loader
+    stream.set_epoch(0)  # the loader is gone: nothing to refuse
+    # persistent_workers without workers is paddle's in-process iterator: two epochs run
+    loader = paddle.io.DataLoader(stream, batch_size=8, num_workers=0, persistent_workers=True)
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        assert sorted(itertools.chain(*loader_ids(loader, truth))) == list(range(N))
+
+
+def test_a_persistent_worker_fails_its_first_batch(
+    packed: Path, truth: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without set_epoch nothing of the stream runs in the main process: a worker forked by
+    a loader with persistent workers fails at the first batch (paddle's reading thread raises
+    its error), instead of the loader hanging when the first worker runs out."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    stream = ShardStream(packed, chunk_size=8, seed=5)
+    loader = paddle.io.DataLoader(stream, batch_size=8, num_workers=2, persistent_workers=True)
+    with pytest.raises(SystemError, match="Blocking queue is killed"):
+        loader_ids(loader, truth)
+    assert any(PERSISTENT_WORKERS in str(e) for e in raised), raised
 
 
 # ------------------------------------------------------------------ --encode raw, every format

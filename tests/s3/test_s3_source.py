@@ -77,7 +77,7 @@ def test_a_missing_extra_is_named(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, done.stderr
         assert f"needs the package {mod}" in done.stderr
-        assert "pip install 'paddle-packer[s3]'" in done.stderr
+        assert "pip install fsspec s3fs" in done.stderr
     code = BLOCK.format(mod="s3fs") + (
         "from readers.remote import filesystem\n"
         "try:\n    filesystem('s3://b/x')\n"

@@ -1,0 +1,165 @@
+"""``packer dupes --near``: copies are grouped, look-alikes are not, and groups never chain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+from typer.testing import CliRunner
+
+from packer.cli import app
+from packer.dupes import find_dupes
+from packer.nearhash import cliques, near_pairs, phash, similar, thumbnail
+from tests.conftest import build_packed, encode
+
+runner = CliRunner()
+
+
+def _document(k: int) -> np.ndarray:
+    """A page of text lines with emblem `k` (a shape in one of six colours) in its corner.
+
+    Twelve of them hash within 2 bits of each other in many pairs: the layout is shared.
+    """
+    image = np.full((160, 128, 3), 250, dtype=np.uint8)
+    for y in range(20, 140, 10):
+        cv2.line(image, (16, y), (112, y), (120, 120, 120), 2)
+    colour = [(0, 0, 255), (0, 160, 0), (255, 0, 0), (0, 200, 255), (200, 0, 200), (40, 40, 40)]
+    if k < 6:
+        cv2.circle(image, (96, 128), 18, colour[k], -1)
+    else:
+        cv2.rectangle(image, (78, 110), (114, 146), colour[k % 6], -1)
+    return image
+
+
+def _gray(image: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
+
+
+def _pack(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        path = tmp_path / "src" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return build_packed(tmp_path / "src", tmp_path / "out.lmdb", "lmdb")
+
+
+def _near(out: Path) -> list[list[str]]:
+    report = find_dupes([out], near=True)
+    return sorted(sorted(m["path"] for m in g.members) for g in report.groups if g.kind == "near")
+
+
+def test_distinct_images_whose_hashes_match_are_never_grouped(tmp_path: Path) -> None:
+    documents = [_document(k) for k in range(12)]
+    hashes = np.array([phash(_gray(d)) for d in documents], dtype=np.uint64)
+    # the premise: the hash bands alone would link these (the old --near made one group)
+    assert len(near_pairs(hashes, 2)) >= 10
+    out = _pack(
+        tmp_path, {f"docs/doc_{k:02d}.png": encode(d, ".png") for k, d in enumerate(documents)}
+    )
+    assert _near(out) == []
+    result = runner.invoke(app, ["dupes", str(out), "--near", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["groups"] == []
+
+
+def _smooth(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    low = rng.integers(0, 256, (5, 5, 3), dtype=np.uint8)
+    return cv2.resize(low, (width, height), interpolation=cv2.INTER_CUBIC)
+
+
+def _jpeg(image: np.ndarray, quality: int) -> bytes:
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return buf.tobytes()
+
+
+def _resized(image: np.ndarray, scale: float) -> np.ndarray:
+    return cv2.resize(image, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+
+
+def test_resized_and_reencoded_copies_are_grouped_with_their_original(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    files: dict[str, bytes] = {}
+    photos = [_smooth(rng, 240, 180) for _ in range(6)]
+    for k, photo in enumerate(photos):
+        files[f"a/photo_{k}.png"] = encode(photo, ".png")
+    # JPEG q75 at full size; 60 % as PNG; 80 % as JPEG q85
+    files["b/copy_0_q75.jpg"] = _jpeg(photos[0], 75)
+    files["b/copy_1_60.png"] = encode(_resized(photos[1], 0.6), ".png")
+    files["b/copy_2_80_q85.jpg"] = _jpeg(_resized(photos[2], 0.8), 85)
+    # a transparent icon and its JPEG flattened over black
+    icon = np.zeros((96, 96, 4), dtype=np.uint8)
+    cv2.circle(icon, (48, 48), 36, (30, 140, 250, 255), -1)
+    cv2.rectangle(icon, (30, 40), (66, 56), (250, 250, 250, 255), -1)
+    files["a/icon.png"] = encode(icon, ".png")
+    files["b/icon_flat.jpg"] = _jpeg(np.ascontiguousarray(icon[:, :, :3]), 80)
+    # a large JPEG with sharp edges, decoded at 1/8 scale (1030 px is not a multiple of 8)
+    page = np.zeros((1030, 1030, 3), dtype=np.uint8)
+    cv2.rectangle(page, (80, 60), (950, 980), (245, 245, 245), -1)
+    cv2.putText(page, "near", (200, 600), cv2.FONT_HERSHEY_SIMPLEX, 10, (20, 20, 20), 40)
+    files["a/page.jpg"] = _jpeg(page, 90)
+    files["b/page_55.png"] = encode(_resized(page, 0.55), ".png")
+    out = _pack(tmp_path, files)
+
+    assert _near(out) == [
+        ["a/icon.png", "b/icon_flat.jpg"],
+        ["a/page.jpg", "b/page_55.png"],
+        ["a/photo_0.png", "b/copy_0_q75.jpg"],
+        ["a/photo_1.png", "b/copy_1_60.png"],
+        ["a/photo_2.png", "b/copy_2_80_q85.jpg"],
+    ]
+
+
+def test_a_chain_does_not_merge_its_ends(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    base = _smooth(rng, 192, 192).astype(np.int16).clip(40, 215)
+    lighter, middle, darker = ((base + d).astype(np.uint8) for d in (9, 0, -9))
+    thumbs = [thumbnail(x) for x in (lighter, middle, darker)]
+    # the premise: each end is confirmed with the middle, the ends are not confirmed together
+    assert similar(thumbs[0], thumbs[1], 192)
+    assert similar(thumbs[1], thumbs[2], 192)
+    assert not similar(thumbs[0], thumbs[2], 192)
+    hashes = np.array([phash(_gray(x)) for x in (lighter, middle, darker)], dtype=np.uint64)
+    assert near_pairs(hashes, 2).tolist() == [[0, 1], [0, 2], [1, 2]]  # all three candidates
+    out = _pack(
+        tmp_path,
+        {
+            "c/a_lighter.png": encode(lighter, ".png"),
+            "c/b_middle.png": encode(middle, ".png"),
+            "c/c_darker.png": encode(darker, ".png"),
+        },
+    )
+    groups = _near(out)
+    assert len(groups) == 1
+    assert len(groups[0]) == 2
+    assert {"c/a_lighter.png", "c/c_darker.png"} - set(groups[0])  # never both ends
+
+
+def test_cliques_take_only_members_confirmed_with_every_other() -> None:
+    # 0-1, 1-2, 2-3 are confirmed; nothing else: no group may hold two unconfirmed members
+    pairs = np.array([[0, 1], [1, 2], [2, 3]])
+    groups = cliques(pairs, lambda i, j: False)
+    confirmed = {tuple(p) for p in pairs.tolist()}
+    for group in groups:
+        for k, a in enumerate(group):
+            for b in group[k + 1 :]:
+                assert (a, b) in confirmed
+    assert groups == [[0, 1], [2, 3]]
+    # a triangle plus a tail: the triangle is one group, the tail is left alone
+    assert cliques(np.array([[0, 1], [0, 2], [1, 2], [2, 3]]), lambda i, j: False) == [[0, 1, 2]]
+
+
+def test_images_under_32_pixels_are_counted_not_compared(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    tiny = _smooth(rng, 24, 24)
+    out = _pack(
+        tmp_path,
+        {"t/tiny.png": encode(tiny, ".png"), "t/tiny_copy.jpg": _jpeg(tiny, 90)},
+    )
+    report = find_dupes([out], near=True)
+    assert report.groups == []
+    assert report.too_small == 2
+    assert report.as_json()["near"]["too_small"] == 2
+    assert "2 images under 32 px not compared" in report.text()
