@@ -65,7 +65,10 @@ def test_no_option_states_two_defaults(command):
 def test_workers_says_how_many_cores_it_will_use():
     cores = usable_cores()
     text = " ".join(help_of("build").split())
-    assert "--workers N Processes that read and check images. [default: all usable cores, " in text
+    assert (
+        "--workers N Processes that read and check images (at most the usable cores). "
+        "[default: all usable cores, "
+    ) in text
     assert f"all usable cores, {cores} here]" in text
     assert "[default: 0]" not in text
     assert f"{cores} here" in " ".join(help_of("append").split())
