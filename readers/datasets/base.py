@@ -73,6 +73,16 @@ def advise_willneed(
             continue
 
 
+def refuse_non_dataset(root: Path, fmt: ShardFormat) -> None:
+    """Raise when `root` is no bare copy of `fmt` and does not exist or holds loose images.
+
+    Raises:
+        DatasetFormatError: the path does not exist, or is a folder of images to pack first.
+    """
+    if fmt.find_bare(root) is None and (why := explain_not_dataset(root)) is not None:
+        raise DatasetFormatError(why)
+
+
 def load_packed_index(
     root: Path, fmt: ShardFormat, meta: Any = None, extra: tuple[str, ...] = ()
 ) -> DatasetIndex:
@@ -245,10 +255,7 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
         elif (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
         else:
-            if self.shard_format.find_bare(self.root) is None:
-                why = explain_not_dataset(self.root)  # missing, or a folder of images
-                if why is not None:
-                    raise DatasetFormatError(why)
+            refuse_non_dataset(self.root, self.shard_format)
             self._open_bare()
 
     # --- opening ---------------------------------------------------------------------------
