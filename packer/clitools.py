@@ -185,6 +185,16 @@ class PackerCommand(TyperCommand):
 class PackerGroup(TyperGroup):
     """The ``packer`` group: its ``--help`` lists its options and commands as plain text."""
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Print the help and exit 2 when no command is given.
+
+        typer prints that help only when its own rich formatter writes it.
+        """
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            typer.echo(ctx.get_help())
+            ctx.exit(2)
+        return list(super().parse_args(ctx, args))
+
     def format_help(self, ctx: Any, formatter: Any) -> None:
         """Usage, the tool's text, its options and one line per command."""
         self.format_usage(ctx, formatter)

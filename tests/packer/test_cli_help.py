@@ -98,6 +98,12 @@ def test_bench_defaults_match_the_library():
     assert f"more than {STABLE_SPREAD:.0%}. [default: {MIN_ROUNDS}]" in text
 
 
+def test_no_command_prints_the_help():
+    result = runner.invoke(app, [], prog_name="packer")
+    assert result.exit_code == 2
+    assert result.output == help_of()
+
+
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
