@@ -29,7 +29,7 @@ from typing import Any
 from packer.problems import NAME_COLLISION
 from packer.scan import fold_name
 from packer.terminal import unsafe_char
-from readers.durable import fsync_path, write_durably
+from readers.durable import fsync_path, write_durably, write_new_file
 from readers.formats.layout import ERRORS_NAME, META_NAME, WARNINGS_NAME
 
 LABELS_NAME = "labels.txt"
@@ -140,18 +140,7 @@ class FolderExport:
     def add(self, rel: str, base: str, label: Any, data: bytes) -> None:
         """Write one image (created exclusively, fsynced) to be placed by `finish`."""
         sid = len(self.items)
-        fd = os.open(
-            self.staging / f"{sid:09d}",
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o666,
-        )
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new_file(self.staging / f"{sid:09d}", data)
         self.items.append(_Item(sid, rel, base, label))
 
     def finish(self, classes: list[str] | None) -> list[dict[str, Any]]:

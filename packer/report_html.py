@@ -31,7 +31,7 @@ import numpy as np
 from packer.errors import PackerError
 from packer.info import describe
 from packer.metadata import shard_disk_bytes
-from readers.durable import fsync_path
+from readers.durable import fsync_path, write_new_file
 from readers.errors import RecordError
 from readers.formats import FORMATS
 from readers.formats.layout import ERRORS_NAME, INDEX_NAME, META_NAME, WARNINGS_NAME
@@ -425,15 +425,8 @@ def write_html(path: str | Path, file: str | Path) -> Path:
     check_html_target(file, Path(path))
     data = render_html(path).encode("utf-8")
     tmp = file.parent / f".{file.name}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new_file(tmp, data)
         check_html_target(file, Path(path))  # again: the page took a while to render
         os.replace(tmp, file)
     except BaseException:
