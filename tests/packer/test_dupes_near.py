@@ -123,11 +123,13 @@ def test_a_chain_does_not_merge_its_ends(tmp_path: Path) -> None:
     assert not similar(thumbs[0], thumbs[2], 192)
     hashes = np.array([phash(_gray(x)) for x in (lighter, middle, darker)], dtype=np.uint64)
     assert near_pairs(hashes, 2).tolist() == [[0, 1], [0, 2], [1, 2]]  # all three candidates
+    # the middle is stored at 80 %: two lossless images of one size 9 levels apart are not
+    # confirmed at all (nothing explains the difference), a resized one is, by its ends
     out = _pack(
         tmp_path,
         {
             "c/a_lighter.png": encode(lighter, ".png"),
-            "c/b_middle.png": encode(middle, ".png"),
+            "c/b_middle.png": encode(_resized(middle, 0.8), ".png"),
             "c/c_darker.png": encode(darker, ".png"),
         },
     )
