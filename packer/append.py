@@ -39,6 +39,7 @@ from packer.errors import (
     NotADatasetError,
     PackerError,
 )
+from packer.feedback import on_interrupt
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
@@ -341,7 +342,7 @@ def append(
         )
     out, tmp = cfg.out, temp_dir_for(cfg.out)
     check_output(cfg, build_dir=tmp)
-    with build_lock(out):
+    with on_interrupt(f"{out} is unchanged; run the same command again"), build_lock(out):
         return _append(cfg, tmp, grow=class_map == "grow", log=log)
 
 

@@ -24,9 +24,11 @@ from packer.errors import (
     OutputExistsError,
     PackerError,
 )
+from packer.feedback import Interrupted, shards_kept
 from packer.formats import FORMATS
 from packer.job import BuildJob
 from packer.labels import plan_labels
+from packer.labels.hints import prefix_hint
 from packer.output import build_lock, check_output, check_replaceable, prepare_parent
 from packer.plan import (
     MERGING_NAME,
@@ -68,6 +70,7 @@ class BuildSummary:
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
     already_complete: bool = False  # --resume found OUT finished, from the same plan
+    hints: list[str] = field(default_factory=list)  # lines printed after the summary
 
     @classmethod
     def of_complete(cls, out: Path, meta: dict[str, Any], started: float) -> BuildSummary:
@@ -269,6 +272,8 @@ def build(cfg: BuildConfig, *, log: Callable[[str], None] | None = None) -> Buil
         PackerError: see `_build`.
     """
     check_output(cfg, build_dir=temp_dir_for(cfg.out))
+    if (cfg.out.exists() or cfg.out.is_symlink()) and not cfg.overwrite and not cfg.resume:
+        raise OutputExistsError(str(cfg.out))  # before a pool is started only to be stopped
     prepare_parent(cfg.out)
     with build_lock(cfg.out), _early_pool(cfg) as pool:
         return _build(cfg, log=log, pool=pool)
@@ -332,12 +337,14 @@ def _build(
             compressed=cfg.transform.compression is not None,
         )
         found = label_problems + merged.problems
+        hint = prefix_hint(cfg.src, label_problems)
         if merged.num_samples == 0:
             shown = "; ".join(f"{p.path}: {p.reason}" for p in found[:5])
             raise PackerError(
                 f"no image under {cfg.src} could be packed ({len(found)} problems"
                 + (f": {shown}" if shown else "")
                 + ")"
+                + (f"; {hint}" if hint else "")
             )
         write_durably(tmp / ERRORS_NAME, _jsonl(p.as_json() for p in found))
         skipped = {p.path for p in found}
@@ -373,6 +380,8 @@ def _build(
             raise DiskFullError(str(tmp), str(exc)) from exc
         if not isinstance(exc, (OSError, KeyboardInterrupt, EngineError)):
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            raise shards_kept(tmp, [s.number for s in shards]) from None
         raise
     summary.packed = merged.num_samples
     summary.skipped = len(found)
@@ -381,4 +390,5 @@ def _build(
     for p in found:
         summary.reasons[p.reason] = summary.reasons.get(p.reason, 0) + 1
     summary.seconds = time.perf_counter() - started
+    summary.hints = [hint] if hint else []
     return summary

@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 
 from packer.clitools import FORMAT_HELP as _FORMAT_HELP
+from packer.clitools import PackerCommand, PackerGroup, refuse_urls
 from packer.clitools import check_format as _format
 from packer.clitools import fail as _fail
 from packer.clitools import guarded as _guarded
-from packer.clitools import refuse_urls
 from packer.config import BuildConfig, parse_size, usable_cores
 from packer.errors import ConfigError, PackerError
 from packer.lifecycle_cli import append, convert, dupes, merge, split
@@ -27,10 +27,46 @@ _TITLES = "/".join(fmt.title for fmt in REGISTRY.values())
 _BARE_HELP = ", ".join(fmt.bare_hint for fmt in REGISTRY.values())
 
 app = typer.Typer(
+    cls=PackerGroup,
     add_completion=False,
     no_args_is_help=True,
     help=f"Pack image folders into {_TITLES} shards for fast PaddlePaddle training.",
 )
+_CORES = f"all usable cores, {usable_cores()} here"
+
+
+def version() -> str:
+    """``packer <version>``: the installed paddle-packer's, else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return f"packer {installed('paddle-packer')}"
+    except PackageNotFoundError:
+        from packer import __version__
+
+        return f"packer {__version__}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print packer's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    del show_version
 
 
 def _transform(
@@ -54,19 +90,21 @@ def _transform(
         raise ConfigError(str(exc)) from None
 
 
-@app.command()
+@app.command(cls=PackerCommand)
 def build(
     src: Annotated[
         str,
         typer.Argument(
-            help="Directory tree of images (and label files), or a URL (s3://bucket/images/)."
+            metavar="SRC",
+            help="Directory tree of images (and label files), or a URL (s3://bucket/images/).",
         ),
     ],
     out: Annotated[
         str,
         typer.Argument(
+            metavar="OUT",
             help=f"Output dataset directory (e.g. out.{FORMATS[0]}), or a URL "
-            f"(s3://bucket/out.{FORMATS[0]}): published with meta.json last."
+            f"(s3://bucket/out.{FORMATS[0]}): published with meta.json last.",
         ),
     ],
     format: Annotated[
@@ -79,6 +117,8 @@ def build(
         list[str] | None,
         typer.Option(
             "--labels",
+            metavar="SOURCE",
+            show_default="auto",
             help="auto (class folders when SRC has subfolders, else none), dirname, sidecar "
             "(a.jpg + a.txt/a.json), none, or a label file: 'path<TAB>label' / 'path label' "
             "list (PaddleOCR, PaddleClas), MXNet .lst, .jsonl or .csv manifest with path and "
@@ -88,23 +128,30 @@ def build(
     label_depth: Annotated[
         int,
         typer.Option(
-            help="With class folders: how many folder levels name the class (2: animals/cat)."
+            metavar="N",
+            help="With class folders: how many folder levels name the class (2: animals/cat).",
         ),
     ] = 1,
     class_map: Annotated[
         str | None,
         typer.Option(
+            metavar="auto|FILE",
             help="Map text labels to class ids: auto (sorted names -> 0..k-1) or a FILE of "
             "class names (one per line, line n = id n-1; or a JSON list or name->id object).",
         ),
     ] = None,
     shard_size: Annotated[
-        str, typer.Option(help="Start a new shard past this many image bytes (1GiB, 500MB).")
+        str,
+        typer.Option(
+            metavar="SIZE", help="Start a new shard past this many image bytes (1GiB, 500MB)."
+        ),
     ] = "1GiB",
     workers: Annotated[
         int,
         typer.Option(
-            help="Processes that read and check images (default, and at most: the usable cores)."
+            metavar="N",
+            show_default=_CORES,
+            help="Processes that read and check images (at most the usable cores).",
         ),
     ] = 0,
     decode_check: Annotated[
@@ -116,7 +163,9 @@ def build(
     ] = True,
     on_error: Annotated[
         str,
-        typer.Option(help="skip: list bad inputs in errors.jsonl and go on; fail: stop."),
+        typer.Option(
+            metavar="skip|fail", help="skip: list bad inputs in errors.jsonl and go on; fail: stop."
+        ),
     ] = "skip",
     overwrite: Annotated[
         bool,
@@ -133,11 +182,14 @@ def build(
     ] = False,
     progress: Annotated[
         bool | None,
-        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+        typer.Option(
+            "--progress/--no-progress", show_default="on a terminal", help="Progress bar."
+        ),
     ] = None,
     engine: Annotated[
         str,
         typer.Option(
+            metavar="local|ray",
             help="local (this machine) or ray (one Ray task per shard; needs the ray extra). "
             "The dataset is the same either way.",
         ),
@@ -145,22 +197,25 @@ def build(
     ray_address: Annotated[
         str | None,
         typer.Option(
-            help="--engine ray: the cluster to use (host:6379 or ray://host:10001); default "
-            "RAY_ADDRESS, else a local Ray instance with --workers CPUs. SRC and OUT's parent "
-            "must be on a filesystem every node mounts at the same path.",
+            metavar="ADDRESS",
+            show_default="RAY_ADDRESS, else a local Ray instance with --workers CPUs",
+            help="--engine ray: the cluster to use (host:6379 or ray://host:10001). SRC and "
+            "OUT's parent must be on a filesystem every node mounts at the same path.",
         ),
     ] = None,
     resize: Annotated[
         str | None,
         typer.Option(
-            help="S: scale so the shorter side is S pixels; WxH: fit within. Never upscales."
+            metavar="S|WxH",
+            help="S: scale so the shorter side is S pixels; WxH: fit within. Never upscales.",
         ),
     ] = None,
     encode: Annotated[
         str,
         typer.Option(
+            metavar="keep|jpeg|png|raw",
             help="keep (original bytes; same format when resized), jpeg, png, or raw "
-            "(decoded pixels: no decode at training time, larger on disk)."
+            "(decoded pixels: no decode at training time, larger on disk).",
         ),
     ] = "keep",
     compress: Annotated[
@@ -171,10 +226,13 @@ def build(
             "decode (lz4: fastest to read; zstd: smaller).",
         ),
     ] = "none",
-    quality: Annotated[int, typer.Option(help="JPEG quality for --encode jpeg.")] = 95,
+    quality: Annotated[
+        int, typer.Option(metavar="1..100", help="JPEG quality for --encode jpeg.")
+    ] = 95,
     max_pixels: Annotated[
         int,
         typer.Option(
+            metavar="N",
             help="Refuse images whose header gives more pixels than this (width x height), "
             "before decoding them (too_many_pixels in errors.jsonl); 0: no limit but OpenCV's.",
         ),
@@ -235,21 +293,26 @@ def build(
             if upload is not None:
                 typer.echo(summary.line().replace(str(summary.out), "a local build"), err=True)
                 typer.echo(upload.line())
+                for hint in summary.hints:
+                    typer.echo(hint, err=True)
                 return
         else:
             summary = run_build(make_config(Path(src), Path(out)))
     except (PackerError, ReaderError, StorageExtraMissingError) as exc:
         raise _fail(exc) from None
     typer.echo(summary.line())
+    for hint in summary.hints:
+        typer.echo(hint, err=True)
 
 
-@app.command()
+@app.command(cls=PackerCommand)
 def verify(
     out: Annotated[
         str,
         typer.Argument(
+            metavar="OUT",
             help=f"A packed dataset (a directory or a URL), or a bare copy of a format: "
-            f"{_BARE_HELP}."
+            f"{_BARE_HELP}.",
         ),
     ],
     deep: Annotated[bool, typer.Option(help="Also decode every image and check its size.")] = False,
@@ -274,14 +337,17 @@ def verify(
     typer.echo(f"{out}: OK" + (" (deep)" if deep else ""))
 
 
-@app.command()
+@app.command(cls=PackerCommand)
 def info(
-    out: Annotated[str, typer.Argument(help="A packed dataset (a directory or a URL).")],
+    out: Annotated[
+        str, typer.Argument(metavar="OUT", help="A packed dataset (a directory or a URL).")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     html: Annotated[
         Path | None,
         typer.Option(
             "--html",
+            metavar="FILE",
             help="Also write one self-contained HTML page here: counts, histograms, thumbnails "
             "per class, errors and warnings, shards (no network needed to view it).",
         ),
@@ -327,57 +393,89 @@ def _worker_list(text: str | None) -> tuple[int, ...]:
         ) from None
 
 
-@app.command()
+@app.command(cls=PackerCommand)
 def bench(
-    out: Annotated[Path, typer.Argument(help=f"A packed dataset (or {_BARE_HELP}).")],
-    batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 64,
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT", help=f"A packed dataset (or {_BARE_HELP}).")
+    ],
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Samples per batch.")] = 64,
     workers: Annotated[
         str | None,
-        typer.Option(help="num_workers values to time, e.g. 0,2,4 (default: 0 to the cores)."),
+        typer.Option(
+            metavar="N,N,...",
+            show_default=f"0 to the usable cores ({usable_cores()} here)",
+            help="num_workers values to time, e.g. 0,2,4.",
+        ),
     ] = None,
     batches: Annotated[
-        int | None, typer.Option(help="Batches timed per setting (after warm-up).")
+        int | None,
+        typer.Option(
+            metavar="N", help="Batches per timed round (with --seconds: what ends first)."
+        ),
     ] = None,
     seconds: Annotated[
-        float | None, typer.Option(help="Seconds timed per setting (default 3).")
+        float | None,
+        typer.Option(
+            metavar="S",
+            show_default="1 when --batches is not given",  # packer.bench.DEFAULT_SECONDS
+            help="Seconds per timed round.",
+        ),
     ] = None,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="Timed rounds per setting at least; up to 3x as many while they disagree by "
+            "more than 10%.",  # packer.bench.MIN_ROUNDS, STABLE_SPREAD
+        ),
+    ] = 3,
     warmup: Annotated[
-        int | None, typer.Option(help="Batches skipped first (default: enough to start up).")
+        int | None,
+        typer.Option(metavar="N", show_default="enough to start up", help="Batches skipped first."),
     ] = None,
     decode: Annotated[
-        str, typer.Option(help="rgb, bgr, gray, unchanged or bytes (no decode).")
+        str,
+        typer.Option(metavar="MODE", help="rgb, bgr, gray, unchanged or bytes (no decode)."),
     ] = "rgb",
     transform: Annotated[
         str,
         typer.Option(
+            metavar="NAME",
             help="none, resize224 (HWC uint8 224x224) or imagenet (resize 256, crop 224, "
-            "CHW float32 normalised)."
+            "CHW float32 normalised).",
         ),
     ] = "none",
     compare: Annotated[
         Path | None,
-        typer.Option(help="The source tree OUT was built from: time its loose files too."),
+        typer.Option(
+            metavar="SRC", help="The source tree OUT was built from: time its loose files too."
+        ),
     ] = None,
     shared_memory: Annotated[
         bool,
         typer.Option("--shared-memory/--no-shared-memory", help="DataLoader use_shared_memory."),
     ] = True,
-    prefetch_factor: Annotated[int, typer.Option(help="DataLoader prefetch_factor.")] = 2,
+    prefetch_factor: Annotated[
+        int, typer.Option(metavar="N", help="DataLoader prefetch_factor.")
+    ] = 2,
     decode_samples: Annotated[
         int,
         typer.Option(
+            metavar="N",
             help="Samples to time decoding on, and what --encode raw --compress lz4 or "
-            "draft= would save (0 skips)."
+            "draft= would save (0 skips).",
         ),
     ] = 256,
     draft: Annotated[
-        int, typer.Option(help="The shorter side draft= is costed at for JPEGs.")
+        int, typer.Option(metavar="S", help="The shorter side draft= is costed at for JPEGs.")
     ] = 256,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Time a real paddle.io.DataLoader by num_workers and say which setting to use.
 
-    The setting is the smallest within 95% of the best.
+    Each setting is timed in rounds until they agree; the setting is the smallest within the
+    noise of the best (5%, or the best's spread), unless the rounds never agreed: then it says
+    the machine was too busy to tell.
     """
     refuse_urls("bench", out, compare)
     from packer.bench import BenchConfig, run_bench
@@ -397,6 +495,7 @@ def bench(
             prefetch_factor=prefetch_factor,
             decode_samples=decode_samples,
             draft=draft,
+            rounds=rounds,
         )
         report = run_bench(cfg, log=None if as_json else lambda m: typer.echo(m, err=True))
     except (PackerError, ReaderError) as exc:
@@ -408,9 +507,9 @@ def bench(
     typer.echo(report.json() if as_json else report.text())
 
 
-app.command(name="stage")(stage_command)
+app.command(name="stage", cls=PackerCommand)(stage_command)
 for _command in (convert, append, merge, split, dupes):
-    app.command()(_command)
+    app.command(cls=PackerCommand)(_command)
 for _info in app.registered_commands:  # an unreachable object store: one line, not a traceback
     _info.callback = _guarded(_info.callback) if _info.callback else None
 

@@ -101,8 +101,10 @@ class BuildConfig:
         if self.shard_size < 1:
             raise ConfigError(f"--shard-size {self.shard_size}: must be positive")
         object.__setattr__(self, "workers", cap_workers(self.workers))
+        if not self.src.exists():
+            raise ConfigError(f"SRC {self.src} does not exist")
         if not self.src.is_dir():
-            raise ConfigError(f"SRC {self.src}: not a directory")
+            raise ConfigError(f"SRC {self.src}: a file, not a directory of images")
         if self.engine not in ENGINES:
             raise ConfigError(f"--engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
         if self.ray_address is not None and self.engine != "ray":

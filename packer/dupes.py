@@ -27,6 +27,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from packer.engines import progress_bar
 from packer.errors import PackerError
 from packer.metadata import class_names
 from packer.nearhash import (
@@ -341,8 +342,14 @@ def _view(source: Source, i: int) -> np.ndarray:
 class _NearPass:
     """The near pass over the distinct contents of `rows`: hash, candidates, checks, groups."""
 
-    def __init__(self, rows: _Rows, exact: list[np.ndarray], report: DupesReport) -> None:
-        self.rows, self.report = rows, report
+    def __init__(
+        self,
+        rows: _Rows,
+        exact: list[np.ndarray],
+        report: DupesReport,
+        progress: bool | None = None,
+    ) -> None:
+        self.rows, self.report, self.progress = rows, report, progress
         n = len(rows.crc32)
         self.copies: dict[int, list[int]] = {}  # first row of an exact group -> its rows
         distinct = np.ones(n, dtype=bool)
@@ -375,14 +382,17 @@ class _NearPass:
         """The rows that decode and their hashes."""
         hash_image = HASHES[hash_name]
         kept, hashes = [], []
-        for row in self.candidates.tolist():
-            try:
-                image = self._decode(row)
-                hashes.append(hash_image(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)))
-                kept.append(row)
-            except (ValueError, cv2.error) as exc:
-                member = self.rows.member(row)
-                self.report.unhashed.append({**member, "reason": f"does not decode ({exc})"})
+        total = len(self.candidates)
+        with progress_bar(total, self.progress if total else False, desc="hashing") as bar:
+            for row in self.candidates.tolist():
+                try:
+                    image = self._decode(row)
+                    hashes.append(hash_image(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)))
+                    kept.append(row)
+                except (ValueError, cv2.error) as exc:
+                    member = self.rows.member(row)
+                    self.report.unhashed.append({**member, "reason": f"does not decode ({exc})"})
+                bar.update(1)
         return np.array(kept, dtype=np.int64), np.array(hashes, dtype=np.uint64)
 
     def confirmed(self, a: int, b: int) -> bool:
@@ -440,8 +450,11 @@ def find_dupes(
     near: bool = False,
     threshold: int = DEFAULT_THRESHOLD,
     hash_name: str = DEFAULT_HASH,
+    progress: bool | None = None,
 ) -> DupesReport:
     """Groups of identical (and with `near`, near-identical) images in the datasets at `paths`.
+
+    `progress`: bars over the candidates read and the images hashed (None: on a terminal).
 
     Raises:
         NotPackedError: a path is not a packed dataset.
@@ -449,7 +462,15 @@ def find_dupes(
     """
     rows = _Rows(load_sources(paths))
     report = DupesReport([str(p) for p in paths], near=near)
-    exact = confirm_candidates(exact_candidates(rows.crc32, rows.nbytes), rows.read)
+    runs = exact_candidates(rows.crc32, rows.nbytes)
+    candidates = sum(len(r) for r in runs)
+    with progress_bar(candidates, progress if candidates else False, desc="comparing") as bar:
+
+        def read(row: int) -> bytes:
+            bar.update(1)
+            return rows.read(row)
+
+        exact = confirm_candidates(runs, read)
     for members, digest in exact:
         report.groups.append(
             DupeGroup(
@@ -461,7 +482,7 @@ def find_dupes(
         )
     if near:
         report.threshold, report.hash = threshold, hash_name
-        near_pass = _NearPass(rows, [members for members, _ in exact], report)
+        near_pass = _NearPass(rows, [members for members, _ in exact], report, progress)
         for group in near_pass.groups(threshold, hash_name):
             report.groups.append(DupeGroup("near", [rows.member(r) for r in group]))
     report.groups.sort(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class PackerError(Exception):
     """An error the user can fix; the CLI prints it without a traceback."""
@@ -15,6 +17,12 @@ class OutputExistsError(PackerError):
     """OUT already exists and ``--overwrite`` was not given."""
 
     def __init__(self, out: str) -> None:
+        if os.path.isfile(out):  # --overwrite would not replace it either
+            super().__init__(
+                f"{out} already exists and is a file, not a dataset directory; choose another "
+                "OUT (or remove the file)"
+            )
+            return
         super().__init__(
             f"{out} already exists; pass --overwrite to replace it, or choose another OUT"
         )

@@ -39,6 +39,7 @@ from packer.export_folder import (
     FolderExport,
     label_text,
 )
+from packer.feedback import on_interrupt
 from packer.labels.common import shorten
 from packer.output import build_lock, check_output_apart, check_replaceable, prepare_parent
 from packer.problems import Problem
@@ -143,7 +144,8 @@ def export(
     if cfg.overwrite:
         check_export_replaceable(out)
     prepare_parent(out)
-    with build_lock(out):
+    unchanged = f"nothing was written to {out}; run the same command again"
+    with on_interrupt(unchanged), build_lock(out):
         if (out.exists() or out.is_symlink()) and not cfg.overwrite:
             raise OutputExistsError(str(out))
         if tmp.exists():

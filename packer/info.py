@@ -11,8 +11,10 @@ import numpy as np
 from packer.metadata import class_names, meta_problems, shard_disk_bytes
 from packer.terminal import shown
 from readers.columnar import COMPRESSIONS
+from readers.errors import DatasetFormatError
 from readers.formats.layout import META_NAME
 from readers.index import DatasetIndex, load_index
+from readers.not_dataset import explain_not_dataset
 
 
 def stored_sizes(index: DatasetIndex) -> dict[str, dict[str, int]]:
@@ -52,6 +54,13 @@ def describe(path: str | Path) -> dict[str, Any]:
     Raises:
         ReaderError: the dataset cannot be opened (the message names the file and field).
     """
+    root = Path(path)
+    if not (root / META_NAME).exists():
+        why = explain_not_dataset(root)  # missing, or a folder of images to pack first
+        if why is None and root.is_file():
+            why = f"{root}: a file, not a packed dataset (a directory with {META_NAME})"
+        if why is not None:
+            raise DatasetFormatError(why)
     index = load_index(path, extra=("width", "height", "channels", "format"))
     meta = index.meta
     n = len(index)

@@ -21,6 +21,8 @@ from packer.errors import ConfigError, DatasetMissingError, PackerError
 from readers.errors import ReaderError
 from readers.formats import FORMATS
 
+_OUTS = "OUT's own"  # append: an option not given is the one OUT was built with
+
 
 def _size(text: str) -> int:
     """A ``--shard-size`` value in bytes, which must be a size above 0.
@@ -46,18 +48,28 @@ def convert(
             "(InsightFace's header record is skipped) or a directory of WebDataset .tar shards.",
         ),
     ],
-    out: Annotated[Path, typer.Argument(help="The dataset (or export) directory to write.")],
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT", help="The dataset (or export) directory to write.")
+    ],
     format: Annotated[
-        str, typer.Option(callback=_format, help=f"Shard format (--to packer). {_FORMAT_HELP}")
+        str,
+        typer.Option(
+            metavar="|".join(FORMATS),
+            callback=_format,
+            help=f"Shard format (--to packer). {_FORMAT_HELP}",
+        ),
     ] = FORMATS[0],
     to: Annotated[
         str,
         typer.Option(
+            metavar="packer|webdataset|folder",
             help="packer (a dataset), webdataset (%06d.tar shards) or folder (class folders, "
-            "or images/ + labels.txt when labels are not class ids)."
+            "or images/ + labels.txt when labels are not class ids).",
         ),
     ] = "packer",
-    shard_size: Annotated[str, typer.Option(help="Target shard size, e.g. 1GiB.")] = "1GiB",
+    shard_size: Annotated[
+        str, typer.Option(metavar="SIZE", help="Target shard size, e.g. 1GiB.")
+    ] = "1GiB",
     decode_check: Annotated[
         bool,
         typer.Option(
@@ -65,14 +77,16 @@ def convert(
             help="Decode each record of a bare IN once to prove it (else: headers only).",
         ),
     ] = True,
-    on_error: Annotated[str, typer.Option(help="skip or fail.")] = "skip",
+    on_error: Annotated[str, typer.Option(metavar="skip|fail", help="skip or fail.")] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
     resume: Annotated[
         bool, typer.Option(help="Keep the finished shards of an interrupted convert.")
     ] = False,
     progress: Annotated[
         bool | None,
-        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+        typer.Option(
+            "--progress/--no-progress", show_default="on a terminal", help="Progress bar."
+        ),
     ] = None,
 ) -> None:
     """Convert IN to packer's format (or export it) keeping the stored bytes and labels."""
@@ -100,32 +114,62 @@ def convert(
 
 
 def append(
-    out: Annotated[Path, typer.Argument(help="The packed dataset to add to (changed in place).")],
-    src: Annotated[Path, typer.Argument(help="Directory tree of the new images.")],
+    out: Annotated[
+        Path,
+        typer.Argument(metavar="OUT", help="The packed dataset to add to (changed in place)."),
+    ],
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="Directory tree of the new images.")],
     labels: Annotated[
-        list[str] | None, typer.Option(help="As for build (default: OUT's own --labels).")
+        list[str] | None,
+        typer.Option(metavar="SOURCE", show_default=_OUTS, help="As for build."),
     ] = None,
-    label_depth: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    label_depth: Annotated[
+        int | None, typer.Option(metavar="N", show_default=_OUTS, help="As for build.")
+    ] = None,
     class_map: Annotated[
         str,
         typer.Option(
+            metavar="keep|grow",
             help="keep: a class name OUT lacks is an error; grow: new names get the next ids "
-            "after OUT's (old ids never change)."
+            "after OUT's (old ids never change).",
         ),
     ] = "keep",
-    shard_size: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    workers: Annotated[int, typer.Option(help="As for build (default: all cores).")] = 0,
+    shard_size: Annotated[
+        str | None, typer.Option(metavar="SIZE", show_default=_OUTS, help="As for build.")
+    ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            show_default=f"all usable cores, {usable_cores()} here",
+            help="As for build.",
+        ),
+    ] = 0,
     decode_check: Annotated[
         bool | None,
-        typer.Option("--decode-check/--no-decode-check", help="As for build (default: OUT's)."),
+        typer.Option("--decode-check/--no-decode-check", show_default=_OUTS, help="As for build."),
     ] = None,
-    on_error: Annotated[str | None, typer.Option(help="skip or fail (default: OUT's).")] = None,
-    resize: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    encode: Annotated[str | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    quality: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
-    max_pixels: Annotated[int | None, typer.Option(help="As for build (default: OUT's).")] = None,
+    on_error: Annotated[
+        str | None, typer.Option(metavar="skip|fail", show_default=_OUTS, help="skip or fail.")
+    ] = None,
+    resize: Annotated[
+        str | None, typer.Option(metavar="S|WxH", show_default=_OUTS, help="As for build.")
+    ] = None,
+    encode: Annotated[
+        str | None,
+        typer.Option(metavar="keep|jpeg|png|raw", show_default=_OUTS, help="As for build."),
+    ] = None,
+    quality: Annotated[
+        int | None, typer.Option(metavar="1..100", show_default=_OUTS, help="As for build.")
+    ] = None,
+    max_pixels: Annotated[
+        int | None, typer.Option(metavar="N", show_default=_OUTS, help="As for build.")
+    ] = None,
     progress: Annotated[
-        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress", show_default="on a terminal", help="Progress bar."
+        ),
     ] = None,
 ) -> None:
     """Add SRC's images to OUT as new shards, atomically (existing ids and bytes stay).
@@ -160,13 +204,16 @@ def append(
 
 
 def merge(
-    out: Annotated[Path, typer.Argument(help="The dataset to write.")],
-    sources: Annotated[list[Path], typer.Argument(help="Two or more datasets of one format.")],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="The dataset to write.")],
+    sources: Annotated[
+        list[Path], typer.Argument(metavar="SRC", help="Two or more datasets of one format.")
+    ],
     shard_size: Annotated[
         str | None,
         typer.Option(
+            metavar="SIZE",
             help="Plan new shards of this size (default: keep the sources' shards, hard-linking "
-            "those whose bytes stay the same)."
+            "those whose bytes stay the same).",
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it is a packer dataset.")] = False,
@@ -195,11 +242,29 @@ def merge(
     typer.echo(summary.line())
 
 
+def _no_positional_parts(value: list[str] | None) -> None:
+    """Refuse parts given as a third argument: ``--into`` is the one way to give them."""
+    if value:
+        raise _fail(
+            f"split takes OUT and DIR only (got {' '.join(value)!r} too); give the parts with "
+            "--into, e.g. packer split OUT DIR --into train=0.9,val=0.1"
+        )
+
+
 def split(
-    out: Annotated[Path, typer.Argument(help="The dataset to split (read only).")],
-    into: Annotated[Path, typer.Argument(help="Directory to write DIR/<part> into.")],
-    parts: Annotated[str, typer.Option("--into", help="Parts and fractions: train=0.9,val=0.1.")],
-    seed: Annotated[int, typer.Option(help="The same seed gives the same parts.")] = 0,
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="The dataset to split (read only).")],
+    into: Annotated[
+        Path, typer.Argument(metavar="DIR", help="Directory to write DIR/<part> into.")
+    ],
+    parts: Annotated[
+        str,
+        typer.Option("--into", metavar="NAME=FRACTION,...", help="The parts: train=0.9,val=0.1."),
+    ],
+    extra: Annotated[
+        list[str] | None,
+        typer.Argument(hidden=True, callback=_no_positional_parts, show_default=False),
+    ] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="The same seed gives the same parts.")] = 0,
     stratify: Annotated[bool, typer.Option(help="Each label split by the fractions.")] = False,
     overwrite: Annotated[
         bool, typer.Option(help="Replace parts that are packer datasets.")
@@ -209,6 +274,7 @@ def split(
 
     Records are copied without decoding.
     """
+    del extra  # refused by its callback
     refuse_urls("split", out, outputs=(into,))
     from packer.regroup import parse_fractions, split_dataset
 
@@ -223,9 +289,10 @@ def split(
 
 
 def dupes(
-    out: Annotated[Path, typer.Argument(help="A packed dataset.")],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="A packed dataset.")],
     others: Annotated[
-        list[Path] | None, typer.Argument(help="More packed datasets (e.g. val, test).")
+        list[Path] | None,
+        typer.Argument(metavar="OTHER", help="More packed datasets (e.g. val, test)."),
     ] = None,
     near: Annotated[
         bool,
@@ -235,7 +302,10 @@ def dupes(
         ),
     ] = False,
     threshold: Annotated[
-        int, typer.Option(help="--near: the most hash bits two copies may differ in (0..3).")
+        int,
+        typer.Option(
+            metavar="0..3", help="--near: the most hash bits two copies may differ in (0..3)."
+        ),
     ] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:

@@ -246,14 +246,18 @@ def publish(
     todo.sort(key=lambda rel: -sizes[rel])
     with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
         futures = {pool.submit(up.send, rel, shas[rel]): rel for rel in todo}
-        for future in concurrent.futures.as_completed(futures):
-            future.result()
-            rel = futures[future]
-            result.sent.append(rel)
-            result.bytes_sent += sizes[rel]
-            if pause and len(result.sent) == pause:
-                say(f"upload paused after {pause} object(s) ({PAUSE_ENV})")
-                time.sleep(3600)
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+                rel = futures[future]
+                result.sent.append(rel)
+                result.bytes_sent += sizes[rel]
+                if pause and len(result.sent) == pause:
+                    say(f"upload paused after {pause} object(s) ({PAUSE_ENV})")
+                    time.sleep(3600)
+        except BaseException:  # Ctrl-C, a failed upload: only the uploads under way finish
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     result.sent.sort()
     published = dict(meta)
     published[DATA_PREFIX_FIELD] = prefix

@@ -30,6 +30,7 @@ import numpy as np
 from packer.append import read_dataset
 from packer.build import BuildSummary
 from packer.errors import ConfigError, PackerError
+from packer.feedback import on_interrupt
 from packer.formats import FORMATS
 from packer.labels.classmap import remap_label, unite_classes
 from packer.packed import PackedRecords, one_by_one
@@ -422,7 +423,8 @@ def split_dataset(
     say = log or (lambda msg: print(msg, file=sys.stderr))
     publication = PartsPublication(root, into, list(parts), overwrite=overwrite, say=say)
     summaries = {}
-    with publication:
+    unchanged = f"no part was put in place, {into} is as it was; run the same command again"
+    with on_interrupt(unchanged), publication:
         for at, (name, ids) in enumerate(parts.items()):
             chosen = np.asarray(ids, np.int64)
             selection = _Selection([dataset], np.zeros(len(chosen), np.int64), chosen, [None])

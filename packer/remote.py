@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from packer.feedback import on_interrupt
 from packer.mirror import mirror_source
 from packer.publish import UploadResult, check_store, publish, read_remote_meta
 from readers.files import DATASET_FILES
@@ -96,14 +97,18 @@ def build_remote(
             shutil.rmtree(local_out)  # a build left by an earlier run: start over
         work.mkdir(parents=True, exist_ok=True)
         summary = make_build(local_src, local_out)
-        upload = publish(
-            local_out,
-            out,
-            overwrite=overwrite,
-            resume=resume,
-            source=src if src_is_url else None,
-            log=log,
-        )
+        with on_interrupt(
+            f"{out} is not published (no {META_NAME} there); the local build {local_out} and "
+            "the objects uploaded so far are kept: run the same command with --resume to finish"
+        ):
+            upload = publish(
+                local_out,
+                out,
+                overwrite=overwrite,
+                resume=resume,
+                source=src if src_is_url else None,
+                log=log,
+            )
         shutil.rmtree(work, ignore_errors=True)
         return summary, upload
     finally:

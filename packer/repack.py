@@ -32,6 +32,7 @@ from packer import __version__
 from packer.build import BuildSummary, finish_output, prepare_build_dir, temp_dir_for
 from packer.engines import progress_bar
 from packer.errors import ConfigError, DiskFullError, InputError, OutputExistsError, PackerError
+from packer.feedback import Interrupted, shards_kept, test_delay
 from packer.formats import FORMATS
 from packer.output import build_lock, check_output_apart, prepare_parent
 from packer.plan import (
@@ -301,8 +302,11 @@ def _add_items(
     """Write `items` one by one; return the problems found and the number of items."""
     problems: list[Problem] = []
     count = 0
+    delay = test_delay()
     for item in items:
         count += 1
+        if delay:
+            time.sleep(delay)
         found = item if isinstance(item, Problem) else shard_cls.check(item)
         if found is not None:
             problems.append(_refuse(cfg, found))
@@ -311,9 +315,9 @@ def _add_items(
             part.add(item)
             if stop is not None:
                 stop("writing")
-        if count % 256 == 0:
-            bar.update(256)
-    bar.update(count % 256)
+        if count % 64 == 0:
+            bar.update(64)
+    bar.update(count % 64)
     return problems, count
 
 
@@ -328,7 +332,10 @@ def _add_batches(
     """Write `items` a batch at a time; the problems found and the number of inputs."""
     problems: list[Problem] = []
     count = 0
+    delay = test_delay()
     for item in items:
+        if delay:
+            time.sleep(delay * (1 if isinstance(item, Problem) else len(item)))
         if isinstance(item, Problem):
             problems.append(_refuse(cfg, item))
             count += 1
@@ -423,6 +430,8 @@ def _repack(
             raise DiskFullError(str(tmp), str(exc)) from exc
         if not isinstance(exc, (OSError, KeyboardInterrupt)):
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            raise shards_kept(tmp, [s.number for s in shards]) from None
         raise
     summary = BuildSummary(
         out=out,

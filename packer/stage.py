@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from packer.clitools import refuse_urls
+from packer.feedback import on_interrupt
 from readers.errors import ReaderError
 from readers.remote import StorageExtraMissingError
 from readers.staging import Stager, StageResult, parse_size
@@ -68,6 +69,7 @@ def stage_command(
     limit: Annotated[
         str | None,
         typer.Option(
+            metavar="SIZE",
             help="Most bytes DIR may hold (20GiB, 500MB); least recently used shards of other "
             "datasets are evicted, shards that still do not fit are read from OUT.",
         ),
@@ -78,7 +80,9 @@ def stage_command(
     ] = False,
     progress: Annotated[
         bool | None,
-        typer.Option("--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+        typer.Option(
+            "--progress/--no-progress", show_default="on a terminal", help="Progress bar."
+        ),
     ] = None,
 ) -> None:
     """Copy OUT into DIR once per machine (checked, atomic); print the staged directory."""
@@ -99,7 +103,11 @@ def stage_command(
             file=sys.stderr,
         ) as bar:
             stager.progress = bar.update
-            result = stager.run()
+            with on_interrupt(
+                f"{cache_dir} holds only whole, checked shards; run the same command again to "
+                "stage the rest"
+            ):
+                result = stager.run()
     except (ReaderError, OSError, StorageExtraMissingError) as exc:
         typer.echo(f"packer: error: {exc}", err=True)
         raise typer.Exit(2) from None

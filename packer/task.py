@@ -83,15 +83,21 @@ def write_shard(
 
 
 def run_shard(
-    settings: ShardSettings, tmp: Path, shard: ShardPlan, entries: list[Entry]
+    settings: ShardSettings,
+    tmp: Path,
+    shard: ShardPlan,
+    entries: list[Entry],
+    *,
+    advance: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the whole task for one shard in one process: read, check and write its `entries`.
 
     The entries are ``entries[shard.start:shard.stop]`` of the label plan, written with the
-    provisional first id ``shard.start``. Returns the shard's completion marker.
+    provisional first id ``shard.start``; `advance` is as for `write_shard`. Returns the
+    shard's completion marker.
     """
     items = prepare_entries(entries, settings)
-    return write_shard(tmp, shard, entries, items, settings, first_id=shard.start)
+    return write_shard(tmp, shard, entries, items, settings, first_id=shard.start, advance=advance)
 
 
 # Our errors take other arguments than they store in .args, so pickle cannot rebuild them:

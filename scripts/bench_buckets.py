@@ -6,7 +6,7 @@ and ``index`` with ``nbytes``, ``crc32`` and ``extra["width"]``/``extra["height"
 widths and heights are text-line-like: heights 32, widths 16..2000. Each measurement runs in a
 fresh process and times construction (key values, quantile boundaries, buckets, batch sizes)
 plus the first epoch (global batches and this rank's share), which is what a training job
-waits for before its first batch. Target (issue 18): under 2 s for 10^7 rows.
+waits for before its first batch. Target: under 2 s for 10^7 rows.
 
 Each case reports wall time and the process's CPU time over the same span, user and system
 apart (``resource.getrusage``): on a shared machine the wall time follows the load, and the

@@ -12,7 +12,7 @@ in 10 class folders, warm page cache), side by side, median of several runs:
 - in one process, per image of the tree: the full decode the decode check once was
   (``decode_source``: OpenCV, IMREAD_UNCHANGED) and the check a build now makes
   (``check_source``: JPEG at 1/8 scale, PNG by its inflated stream), by format.
-Targets: issue 12/17: --workers 2 >= 1.5x baseline images/s (several shards); issue 6:
+Targets: --workers 2 >= 1.5x baseline images/s (several shards);
 --no-decode-check <= 1.5x tar's time.  Ratios are of medians of runs interleaved in one
 process, so load from other work on the machine hits every case alike; each case's CPU seconds
 (all its processes, user + system) and CPU us per image are printed too, which load changes

@@ -8,7 +8,7 @@ the same state for all (each run after the other, warm), the median of 3 runs of
 
 convert writes durably (every shard, index and meta file is fsynced before OUT is renamed into
 place), as ``cp -r`` alone does not: ``cp -r`` + ``sync FILES`` (fsync of each copied file) is
-the comparison of equal durability, and the target (issue 19: convert <= 1.5x cp) is judged by
+the comparison of equal durability, and the target (convert <= 1.5x cp) is judged by
 it; the ratio to ``cp -r`` alone is printed too. The convert's CPU time (user + system) is
 printed per record, and the time of a 10-sample convert (the command's start-up: Python,
 numpy, pyarrow, typer) apart from the rest. The commands run with a bytecode cache in the

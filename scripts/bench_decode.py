@@ -15,7 +15,7 @@ run, so the shared machine's load hits each alike):
   runs: load from other work changes it far less than the loader's images/s;
 - ``paddle.io.DataLoader(ds, batch_size=64, num_workers=2)`` over the whole dataset, default
   collate, images/s from the first batch to the last (a fresh loader per run).
-Target (issue 17): raw+lz4 >= 2x the PNG build, and >= 0.9x uncompressed raw, through the
+Target: raw+lz4 >= 2x the PNG build, and >= 0.9x uncompressed raw, through the
 DataLoader. ``--out DIR`` writes DIR/bench_decode.md.
 """
 

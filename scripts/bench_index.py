@@ -7,7 +7,7 @@ LMDB shard that every id maps onto modulo its size), then measures in fresh proc
   libraries are loaded before the first reading: they are a fixed cost, not a per-sample one),
 - the unique (private, not shared) memory each of 4 paddle.io.DataLoader workers adds after
   reading samples spread over the whole id range.
-Targets (issue 4): open < 3 s, < 64 bytes per sample, < 50 MB per worker.
+Targets: open < 3 s, < 64 bytes per sample, < 50 MB per worker.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ batch_sampler=ChunkShuffleBatchSampler(...), num_workers=2)`` for:
 
 Storage: an emulated hard disk (blkio cgroup v1 throttle of 100 MiB/s and 300 IOPS on the data's
 disk; root), else this machine's disk, cold. Each figure is the median of ``--runs`` runs; the
-ratio is the median of the per-run ratios (the shared machine's load drifts). Target (issue 18):
+ratio is the median of the per-run ratios (the shared machine's load drifts). Target:
 the mixture >= 0.8x the single dataset's samples/s.
 """
 

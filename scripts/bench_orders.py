@@ -10,7 +10,7 @@ in a fresh process: samples/s. Orders:
 
 Storage: this machine's disk as it is, and an emulated hard disk (a blkio cgroup v1 throttle
 of 100 MB/s and 300 IOPS on the disk holding the data; needs root and the blkio controller,
-skipped with a message otherwise). Targets (issue 4): slow disk: chunked >= 10x random and
+skipped with a message otherwise). Targets: slow disk: chunked >= 10x random and
 within 1.3x of sequential; fast disk: chunked >= 0.9x sequential.
 """
 

@@ -6,7 +6,7 @@ folders, warm page cache), same options, --workers N (default: all cores), media
   also starts and stops a local Ray instance;
 - in one process with Ray already running (as on a cluster, where it is): the engine's own
   cost, at a few and at many shards, and from it the overhead per shard.
-Expectation (issue 7): Ray's overhead is small; this says how small, per shard.
+Expectation: Ray's overhead is small; this says how small, per shard.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ the emulated disk, random orders (shuffle=True, loose or packed) read a random s
 median of ``--runs`` runs; rows alternate within each run. ``--out DIR`` writes
 DIR/bench_read.md; BENCH_TMP names the parent of the temporary data.
 
-``--cold-vs-warm``: issue 17's cold vs warm passes instead (see `coldwarm`).
+``--cold-vs-warm``: the cold vs warm passes instead (see `coldwarm`).
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ def main() -> None:
         text = coldwarm.text(header, res, notes)
     else:
         parts = [header] + [storage_table(s, res[s], notes[s]) for s in res]
-        text = "\n\n".join([*parts, "#### Targets (issue 10)", targets(res, spec)])
+        text = "\n\n".join([*parts, "#### Targets", targets(res, spec)])
     reclaim = pagecache.proactive_reclaim()
     if reclaim:
         text += f"\n\n{reclaim}: it evicts read-ahead pages before they are read, at times."

@@ -4,7 +4,7 @@
     python scripts/bench_s3.py [--images 4000] [--objects 10000] [--repeats 3]
                                [--build-repeats 1] [--s3rver PATH]
 
-Targets (issue 20): ShardStream from S3 >= 0.7x the local stream's throughput; the s3:// SRC
+Targets: ShardStream from S3 >= 0.7x the local stream's throughput; the s3:// SRC
 build within 2x of the local build. The server is moto's standalone server (as in the tests),
 or with ``--s3rver node_modules/.bin/s3rver`` the s3rver package from npm (a faster S3 server,
 for the benchmark only; s3rver 3.7.1 answers ListObjectsV2 with InternalError past 1,000 keys,

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cold-vs-warm",
         action="store_true",
-        help="shuffle=False and chunked passes, cold vs warm (issue 17), instead of every row",
+        help="shuffle=False and chunked passes, cold vs warm, instead of every row",
     )
 
 
@@ -99,7 +99,7 @@ def text(header: str, res: dict[str, Any], notes: dict[str, str]) -> str:
     """The report: a table per storage, then the targets."""
     tables = [cold_vs_warm_table(s, res[s], notes[s]) for s in res]
     met = ["| target | result | met |", "|---|---:|---|"] + [m for _, t in tables for m in t]
-    return "\n\n".join([header, *[t for t, _ in tables], "#### Targets (issue 17)", "\n".join(met)])
+    return "\n\n".join([header, *[t for t, _ in tables], "#### Targets", "\n".join(met)])
 
 
 def start_row(

@@ -18,12 +18,18 @@ from packer.bench.decoding import DecodeReport, measure_decoding
 from packer.bench.loose import LooseFilesDataset
 from packer.bench.measure import (
     DEFAULT_SECONDS,
+    MIN_ROUNDS,
     NEAR_BEST,
+    STABLE_SPREAD,
     BenchConfig,
     BenchRow,
     EndlessBatches,
     measure_loader,
+    more_rounds,
     recommend,
+    spread,
+    tolerance,
+    too_noisy,
 )
 from packer.bench.report import BenchReport, run_bench
 from packer.bench.system import (
@@ -38,7 +44,9 @@ from packer.bench.system import (
 
 __all__ = [
     "DEFAULT_SECONDS",
+    "MIN_ROUNDS",
     "NEAR_BEST",
+    "STABLE_SPREAD",
     "TRANSFORMS",
     "BenchConfig",
     "BenchReport",
@@ -52,11 +60,15 @@ __all__ = [
     "make_transform",
     "measure_decoding",
     "measure_loader",
+    "more_rounds",
     "recommend",
     "run_bench",
     "shm_free",
     "shm_warnings",
+    "spread",
     "storage_of",
     "storage_warnings",
+    "tolerance",
+    "too_noisy",
     "whole_disk",
 ]

@@ -1,13 +1,15 @@
 """One timed setting: a real ``paddle.io.DataLoader`` over a dataset.
 
 One timed setting: a real ``paddle.io.DataLoader`` over a dataset, run as one endless epoch and
-timed after warm-up; :class:`BenchConfig` says what to time, :class:`BenchRow` holds the result.
+timed after warm-up in rounds, until the rounds agree (`more_rounds`); :class:`BenchConfig`
+says what to time, :class:`BenchRow` holds the result and its spread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import pickle
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,9 +24,34 @@ from packer.config import usable_cores
 from packer.errors import ConfigError
 from readers.decode import check_mode
 
-DEFAULT_SECONDS = 3.0
+DEFAULT_SECONDS = 1.0
+"""Seconds a round lasts when neither ``--seconds`` nor ``--batches`` is given."""
 NEAR_BEST = 0.95
-"""The recommended setting is the smallest num_workers within this share of the best."""
+"""The recommended setting is the smallest num_workers within this share of the best (or
+within the best's spread, when that is wider)."""
+MIN_ROUNDS = 3
+"""Timed rounds per setting at least: their spread says whether the figure can be trusted."""
+STABLE_SPREAD = 0.10
+"""Rounds whose (max - min) / median is above this are repeated (up to `max_rounds`)."""
+
+
+def spread(rates: Sequence[float]) -> float:
+    """``(max - min) / median`` of the rounds' samples/s (0.0 for fewer than two rounds)."""
+    if len(rates) < 2:
+        return 0.0
+    middle = statistics.median(rates)
+    return (max(rates) - min(rates)) / middle if middle > 0 else 0.0
+
+
+def more_rounds(rates: Sequence[float], *, least: int = MIN_ROUNDS) -> bool:
+    """Whether to time another round: fewer than `least`, or a spread above `STABLE_SPREAD`.
+
+    Never more than ``3 * least`` rounds: a machine that stays that noisy is reported as too
+    busy to tell, rather than timed for ever.
+    """
+    if len(rates) < least:
+        return True
+    return len(rates) < 3 * least and spread(rates) > STABLE_SPREAD
 
 
 @dataclass(frozen=True)
@@ -32,8 +59,9 @@ class BenchConfig:
     """What ``packer bench`` measures.
 
     ``workers`` empty means ``0..usable cores``; values above twice the usable cores are timed
-    at that cap (`worker_cap`). A setting stops after ``batches`` batches or
-    ``seconds`` seconds, whichever comes first; with neither, after :data:`DEFAULT_SECONDS`.
+    at that cap (`worker_cap`). A setting is timed in ``rounds`` rounds or more
+    (`more_rounds`); a round stops after ``batches`` batches or ``seconds`` seconds, whichever
+    comes first; with neither, after :data:`DEFAULT_SECONDS`.
     """
 
     path: Path
@@ -50,6 +78,7 @@ class BenchConfig:
     seed: int = 0
     decode_samples: int = 256
     draft: int = 256
+    rounds: int = MIN_ROUNDS
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -66,6 +95,8 @@ class BenchConfig:
             raise ConfigError(f"--decode-samples {self.decode_samples}: must be >= 0 (0 skips)")
         if self.draft < 1:
             raise ConfigError(f"--draft {self.draft}: must be at least 1 (a shorter side)")
+        if self.rounds < 2:
+            raise ConfigError(f"--rounds {self.rounds}: must be at least 2 (to see the spread)")
         if self.prefetch_factor < 1:
             raise ConfigError(f"--prefetch-factor {self.prefetch_factor}: must be at least 1")
         try:
@@ -100,7 +131,7 @@ class BenchConfig:
 
     @property
     def limit_seconds(self) -> float | None:
-        """Seconds to time each setting for; None when a batch count limits it."""
+        """Seconds a timed round lasts; None when a batch count limits it."""
         if self.seconds is None and self.batches is None:
             return DEFAULT_SECONDS
         return self.seconds
@@ -126,6 +157,9 @@ class BenchRow:
     mean_wait_ms: float  # time inside next() per batch
     batch_bytes: int
     stacked: bool = True  # images came as one array (False: a list, they differ in size)
+    rounds: int = 1  # timed rounds; samples_per_s is their median
+    spread: float = 0.0  # (max - min) / median of the rounds' samples/s
+    round_samples_per_s: tuple[float, ...] = ()
 
 
 class EndlessBatches:
@@ -250,21 +284,27 @@ def measure_loader(
         limit_s, limit_n = cfg.limit_seconds, cfg.batches
         cpu0, start = cpu_seconds(), clock()
         wait, n, samples = 0.0, 0, 0
-        while True:
-            asked = clock()
-            batch = _next(batches)
-            got = clock()
-            wait += got - asked
-            n += 1
-            samples += batch_len(batch)
-            if not batch_bytes:
-                batch_bytes = nbytes_of(batch)
-                stacked = _stacked(batch)
-            del batch
-            if (limit_n is not None and n >= limit_n) or (
-                limit_s is not None and got - start >= limit_s
-            ):
-                break
+        rates: list[float] = []
+        while more_rounds(rates, least=cfg.rounds):
+            round_start, round_n, round_samples = clock(), 0, 0
+            while True:
+                asked = clock()
+                batch = _next(batches)
+                got = clock()
+                wait += got - asked
+                round_n += 1
+                round_samples += batch_len(batch)
+                if not batch_bytes:
+                    batch_bytes = nbytes_of(batch)
+                    stacked = _stacked(batch)
+                del batch
+                if (limit_n is not None and round_n >= limit_n) or (
+                    limit_s is not None and got - round_start >= limit_s
+                ):
+                    break
+            round_wall = clock() - round_start
+            rates.append(round_samples / round_wall if round_wall > 0 else 0.0)
+            n, samples = n + round_n, samples + round_samples
         wall = clock() - start
         cpu1 = cpu_seconds()
     finally:
@@ -277,11 +317,14 @@ def measure_loader(
         batches=n,
         samples=samples,
         seconds=wall,
-        samples_per_s=samples / wall if wall > 0 else 0.0,
+        samples_per_s=statistics.median(rates),
         cpu_cores=cpu,
         mean_wait_ms=1e3 * wait / n,
         batch_bytes=batch_bytes,
         stacked=stacked,
+        rounds=len(rates),
+        spread=spread(rates),
+        round_samples_per_s=tuple(rates),
     )
 
 
@@ -290,9 +333,23 @@ def _stacked(batch: Any) -> bool:
     return getattr(images, "shape", None) is not None
 
 
+def tolerance(rows: Sequence[BenchRow]) -> float:
+    """How far below the best a setting may be and still count as as fast: the noise.
+
+    ``1 - NEAR_BEST``, or the best setting's own spread when that is wider.
+    """
+    best = max(rows, key=lambda r: r.samples_per_s)
+    return max(1 - NEAR_BEST, best.spread)
+
+
 def recommend(rows: Sequence[BenchRow]) -> BenchRow:
-    """The smallest num_workers whose samples/s is within :data:`NEAR_BEST` of the best."""
+    """The smallest num_workers whose samples/s is within the noise of the best (`tolerance`)."""
     best = max(r.samples_per_s for r in rows)
-    return min(
-        (r for r in rows if r.samples_per_s >= NEAR_BEST * best), key=lambda r: r.num_workers
-    )
+    floor = (1 - tolerance(rows)) * best
+    return min((r for r in rows if r.samples_per_s >= floor), key=lambda r: r.num_workers)
+
+
+def too_noisy(rows: Sequence[BenchRow]) -> BenchRow | None:
+    """The noisiest setting when its rounds still disagree by more than `STABLE_SPREAD`."""
+    noisiest = max(rows, key=lambda r: r.spread)
+    return noisiest if noisiest.spread > STABLE_SPREAD else None

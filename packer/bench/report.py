@@ -16,11 +16,13 @@ from packer.bench.decoding import DecodeReport, advise, measure_decoding
 from packer.bench.loose import LooseFilesDataset
 from packer.bench.measure import (
     EPOCH_RESTART_S,
-    NEAR_BEST,
+    STABLE_SPREAD,
     BenchConfig,
     BenchRow,
     measure_loader,
     recommend,
+    tolerance,
+    too_noisy,
 )
 from packer.bench.system import gb, shm_warnings, storage_of, storage_warnings, tree_bytes
 from packer.config import usable_cores
@@ -71,10 +73,29 @@ class BenchReport:
             "best_samples_per_s": best,
             "recommended_num_workers": rec.num_workers,
             "recommended_samples_per_s": rec.samples_per_s,
+            "max_spread": max(r.spread for r in self.rows),
+            "stable": too_noisy(self.rows) is None,  # False: the machine was too busy to tell
             "warnings": self.warnings,
             "notes": self.notes,
             "decoding": None if self.decoding is None else self.decoding.as_dict(),
         }
+
+    def verdict(self) -> str:
+        """The one line that says which num_workers to use, or that the figures cannot tell."""
+        rec = self.recommended
+        noisy = too_noisy(self.rows)
+        if noisy is not None:
+            return (
+                f"the machine was too busy to tell: spread {noisy.spread:.0%} at num_workers="
+                f"{noisy.num_workers} after {noisy.rounds} rounds; run again on a quiet machine "
+                f"(these figures would pick num_workers={rec.num_workers})"
+            )
+        best = max(r.samples_per_s for r in self.rows)
+        return (
+            f"use num_workers={rec.num_workers}: {rec.samples_per_s:,.0f} samples/s, the "
+            f"smallest setting within {tolerance(self.rows):.0%} of the best ({best:,.0f}/s); "
+            f"rounds agree within {STABLE_SPREAD:.0%}"
+        )
 
     def json(self) -> str:
         """Return the report as indented JSON."""
@@ -90,7 +111,7 @@ class BenchReport:
             f"transform {self.transform}; {self.limit} per setting, {self.cores} usable cores",
             "",
         ]
-        header = ["source", "workers", "samples/s", "vs best", "CPU cores", "wait/batch"]
+        header = ["source", "workers", "samples/s", "vs best", "CPU cores", "wait/batch", "spread"]
         if loose:
             header.append("vs loose")
         table = [header]
@@ -102,6 +123,7 @@ class BenchReport:
                 f"{r.samples_per_s / best:.0%}",
                 "-" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
                 f"{r.mean_wait_ms:.1f} ms",
+                f"{r.spread:.0%}",
             ]
             if loose:
                 base = loose.get(r.num_workers)
@@ -116,12 +138,7 @@ class BenchReport:
                 for i, (c, w) in enumerate(zip(row, widths, strict=True))
             ]
             lines.append("  ".join(cells).rstrip())
-        rec = self.recommended
-        lines += [
-            "",
-            f"use num_workers={rec.num_workers}: {rec.samples_per_s:,.0f} samples/s, the "
-            f"smallest setting within {NEAR_BEST:.0%} of the best ({best:,.0f}/s)",
-        ]
+        lines += ["", self.verdict()]
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.decoding is not None:
@@ -135,7 +152,7 @@ def _describe_limit(cfg: BenchConfig) -> str:
         parts.append(f"{cfg.limit_seconds:g} s")
     if cfg.batches is not None:
         parts.append(f"{cfg.batches} batches")
-    return " or ".join(parts) + " after warm-up"
+    return f"{cfg.rounds} to {3 * cfg.rounds} rounds of " + " or ".join(parts) + " after warm-up"
 
 
 def run_bench(cfg: BenchConfig, *, log: Callable[[str], None] | None = None) -> BenchReport:

@@ -47,8 +47,8 @@ class _NoBar:
         return None
 
 
-def progress_bar(total: int, enabled: bool | None) -> Any:
-    """A tqdm bar over `total` images (None: shown when stderr is a terminal).
+def progress_bar(total: int, enabled: bool | None, *, desc: str = "packing") -> Any:
+    """A tqdm bar over `total` images (None: shown when stderr is a terminal), named `desc`.
 
     Without a bar, an object that takes the same calls and does nothing (no tqdm import).
     """
@@ -59,7 +59,7 @@ def progress_bar(total: int, enabled: bool | None) -> Any:
     return tqdm(
         total=total,
         unit="img",
-        desc="packing",
+        desc=desc,
         dynamic_ncols=True,
         smoothing=0.1,
     )

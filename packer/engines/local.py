@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 from packer.engines import progress_bar
 from packer.errors import PackerError
+from packer.feedback import ProgressCounter, test_delay
 from packer.job import BuildJob, ShardSettings
 from packer.plan import ShardPlan
 from packer.prepare import prepare_entries
@@ -37,18 +39,27 @@ class LocalPool(NamedTuple):
     """The local engine's process pool, and the shared memory its processes hand bytes back in.
 
     `ring` has a slot for each batch that `_shards_here` keeps in flight (None where processes
-    are spawned, not forked: see `packer.ring`).
+    are spawned, not forked: see `packer.ring`); `done` counts the images that the shard tasks
+    in the pool have handled (a shared `multiprocessing.Value`, for the progress bar).
     """
 
     processes: Any  # a multiprocessing.pool.Pool
     ring: ByteRing | None
+    done: Any = None
 
 
-def _start_worker(ring: ByteRing | None) -> None:
+_done: Any = None  # in a pool process: the pool's shared count of images handled
+
+
+def _start_worker(ring: ByteRing | None, done: Any = None) -> None:
     """In a new pool process: its ring, and the import of what checking images needs (OpenCV).
 
-    This runs while the process that started the pool goes on scanning and planning.
+    This runs while the process that started the pool goes on scanning and planning. Ctrl-C
+    is left to that process, which stops the pool (no traceback from every process).
     """
+    global _done
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _done = done
     use_ring(ring)
     import cv2  # noqa: F401
 
@@ -62,7 +73,9 @@ def start_pool(workers: int) -> LocalPool:
     fork = "fork" in multiprocessing.get_all_start_methods()
     ring = ByteRing(workers * _IN_FLIGHT) if fork else None
     context = multiprocessing.get_context("fork" if fork else "spawn")
-    return LocalPool(context.Pool(workers, initializer=_start_worker, initargs=(ring,)), ring)
+    done = context.Value("q", 0)
+    processes = context.Pool(workers, initializer=_start_worker, initargs=(ring, done))
+    return LocalPool(processes, ring, done)
 
 
 @contextlib.contextmanager
@@ -105,11 +118,18 @@ def kill_pool(pool: LocalPool) -> None:
 def _shard_job(
     job: tuple[ShardSettings, Path, ShardPlan, list[Entry]],
 ) -> dict[str, Any] | PortableError:
-    """The shard task in a pool process: its completion marker, or its error."""
+    """The shard task in a pool process: its completion marker, or its error.
+
+    Each image handled is added to the pool's shared count (in batches, for the bar).
+    """
+    counter = ProgressCounter(_done) if _done is not None else None
     try:
-        return run_shard(*job)
+        return run_shard(*job, advance=counter)
     except PackerError as exc:
         return make_portable(exc)
+    finally:
+        if counter is not None:
+            counter.flush()
 
 
 def run_local(job: BuildJob, *, started: float, pool: LocalPool | None = None) -> None:
@@ -142,15 +162,20 @@ def _shards_here(job: BuildJob, bar: Any, started: float, pool: LocalPool | None
     workers = job.cfg.workers
     written = 0
     unshown = 0  # images written since the bar last moved: updating it costs ~10 us
+    shown_at = time.monotonic()
+    delay = test_delay()
 
     def advance(stored: int) -> None:
-        nonlocal written, unshown
+        nonlocal written, unshown, shown_at
+        if delay:
+            time.sleep(delay)
         written += stored
         unshown += 1
-        if unshown == 256:
+        if unshown >= 64 or time.monotonic() - shown_at >= 0.1:
             bar.update(unshown)
             unshown = 0
-            rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
+            shown_at = time.monotonic()
+            rate = written / max(shown_at - started, 1e-9) / 1e6
             bar.set_postfix_str(f"{rate:.1f} MB/s")
 
     pooled = workers > 1 and len(todo) >= _POOLED
@@ -185,17 +210,40 @@ def _shards_in_pool(job: BuildJob, bar: Any, started: float, pool: LocalPool | N
     """Run one shard task per pool process.
 
     Results are taken in plan order, so a bad input with ``on_error="fail"`` is reported as
-    the first one in entry order.
+    the first one in entry order. While waiting, the bar shows the images that the pool's
+    processes report (`packer.feedback.ProgressCounter`), every tenth of a second.
     """
     todo = job.todo
     settings = job.settings
     jobs = ((settings, job.tmp, s, job.entries_of(s)) for s in todo)
     written = 0
     with _pool(min(job.cfg.workers, len(todo)), pool) as workers:
-        for shard, result in zip(todo, workers.processes.imap(_shard_job, jobs), strict=True):
+        base = shown = _count(workers)
+        results = workers.processes.imap(_shard_job, jobs)
+        for _shard in todo:
+            while True:
+                try:
+                    result = results.next(timeout=0.1)
+                    break
+                except multiprocessing.TimeoutError:
+                    shown = _show(bar, workers, shown)
             if isinstance(result, tuple):
                 raise rebuild(result)
             written += int(result["bytes"])
-            bar.update(shard.stop - shard.start)
+            shown = _show(bar, workers, shown)
             rate = written / max(time.perf_counter() - started, 1e-9) / 1e6
             bar.set_postfix_str(f"{rate:.1f} MB/s")
+        bar.update(sum(s.stop - s.start for s in todo) - (shown - base))
+
+
+def _count(pool: LocalPool) -> int:
+    """The images that the shard tasks in `pool` have reported (0 without a count)."""
+    return int(pool.done.value) if pool.done is not None else 0
+
+
+def _show(bar: Any, pool: LocalPool, shown: int) -> int:
+    """Move `bar` by the images `pool` reported since `shown`; return the new count."""
+    now = _count(pool)
+    if now > shown:
+        bar.update(now - shown)
+    return now

@@ -8,9 +8,12 @@ The checks every format shares are in ``common``; each format's own are in
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+from packer.engines import progress_bar
+from packer.feedback import test_delay
 from packer.metadata import meta_problems
 from packer.verify.common import Report, Rows, check_entries, check_shard_table, shard_rows
 from packer.verify.split import sibling_problems
@@ -18,6 +21,7 @@ from readers.errors import DatasetFormatError, DatasetRebuiltError
 from readers.formats.layout import META_NAME
 from readers.io.readahead import FileAhead
 from readers.meta import load_meta
+from readers.not_dataset import explain_not_dataset
 
 __all__ = ["verify", "verify_packed"]
 
@@ -43,10 +47,27 @@ def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
         return  # a shard file is a FIFO, a device...: reading it would block
     bounds = check_shard_table(root, meta, report)
     rows = _read_ahead(root, meta, fmt.reader, shard_rows(root, meta, bounds, report))
-    try:
-        fmt.checks().verify_packed(root, meta, rows, deep=deep, report=report)
-    except DatasetRebuiltError as exc:  # the rest would be checked against another build
-        report(str(exc))
+    total = meta.get("num_samples")
+    with progress_bar(total if isinstance(total, int) else 0, None, desc="verifying") as bar:
+        try:
+            fmt.checks().verify_packed(root, meta, _counted(rows, bar), deep=deep, report=report)
+        except DatasetRebuiltError as exc:  # the rest would be checked against another build
+            report(str(exc))
+
+
+def _counted(rows: Rows, bar: Any) -> Rows:
+    """Yield `rows`, moving `bar` every 64 of them (and at the end)."""
+    delay = test_delay()
+    count = 0
+    for row in rows:
+        if delay:
+            time.sleep(delay)
+        yield row
+        count += 1
+        if count == 64:
+            bar.update(count)
+            count = 0
+    bar.update(count)
 
 
 def _read_ahead(root: Path, meta: dict[str, Any], reader: Any, rows: Rows) -> Rows:
@@ -86,8 +107,9 @@ def verify(path: str | Path, *, deep: bool = False) -> list[str]:
         if bare is not None:
             fmt.checks().verify_bare(bare, deep=deep, report=found.append)
             return found
-    if not root.exists():
-        found.append(f"{root}: does not exist")
+    why = explain_not_dataset(root)  # missing, or a folder of images to pack first
+    if why is not None:
+        found.append(why)
     else:
         hints = [f"a packed dataset ({META_NAME})"] + [f.reader.bare_hint for f in FORMATS.values()]
         found.append(f"{root}: neither " + ", ".join(hints[:-1]) + " nor " + hints[-1])

@@ -16,6 +16,7 @@ from readers.formats import BARE_FORMATS, REGISTRY
 from readers.formats.layout import META_NAME
 from readers.index import load_meta
 from readers.io.identity import meta_stamp, read_meta_once
+from readers.not_dataset import explain_not_dataset
 from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 
@@ -69,6 +70,8 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ShardedDataset:
     hints = [f"{META_NAME} (packer build output)"] + [f.bare_hint for f in BARE_FORMATS.values()]
     expected = "expected " + ", ".join(hints[:-1]) + " or " + hints[-1]
     near = [m for f in BARE_FORMATS.values() if (m := f.near_miss(root)) is not None]
+    if not near and (why := explain_not_dataset(root)) is not None:
+        raise DatasetFormatError(why)  # missing, or a folder of images to pack first
     if near:
         found = near[0]
     elif root.is_dir():

@@ -33,6 +33,7 @@ from readers.index import COMPRESSIONS, DatasetIndex, load_index
 from readers.io import handles
 from readers.io.identity import DatasetIdentity, identify_dataset, meta_read
 from readers.io.readahead import Readahead, willneed
+from readers.not_dataset import explain_not_dataset
 from readers.remote import default_cache_dir, is_url
 from readers.staging import stage
 from readers.transforms import PlannedImage, is_planner, run_transform
@@ -70,6 +71,16 @@ def advise_willneed(
                 willneed(path, begin, end)
         except Exception:  # a hint must never fail a read
             continue
+
+
+def refuse_non_dataset(root: Path, fmt: ShardFormat) -> None:
+    """Raise when `root` is no bare copy of `fmt` and does not exist or holds loose images.
+
+    Raises:
+        DatasetFormatError: the path does not exist, or is a folder of images to pack first.
+    """
+    if fmt.find_bare(root) is None and (why := explain_not_dataset(root)) is not None:
+        raise DatasetFormatError(why)
 
 
 def load_packed_index(
@@ -244,6 +255,7 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
         elif (self.root / META_NAME).exists():
             self._open_packed(self._load_packed())
         else:
+            refuse_non_dataset(self.root, self.shard_format)
             self._open_bare()
 
     # --- opening ---------------------------------------------------------------------------

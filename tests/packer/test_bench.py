@@ -14,11 +14,16 @@ import pytest
 from typer.testing import CliRunner
 
 from packer.bench import (
+    MIN_ROUNDS,
+    STABLE_SPREAD,
+    BenchReport,
     BenchRow,
     Storage,
     collate,
+    more_rounds,
     recommend,
     shm_warnings,
+    spread,
     storage_warnings,
     system,
 )
@@ -70,9 +75,11 @@ def test_table_has_a_row_per_worker_count_and_a_recommendation(packed):
     rows = table_rows(result.stdout)
     assert sorted(rows) == [0, 1, 2]
     assert all(float(r[2].replace(",", "")) > 0 for r in rows.values())
-    recommended = [line for line in result.stdout.splitlines() if line.startswith("use ")]
-    assert len(recommended) == 1
-    assert int(recommended[0].split("num_workers=")[1].split(":")[0]) in rows
+    verdict = [
+        line for line in result.stdout.splitlines() if line.startswith(("use ", "the machine"))
+    ]
+    assert len(verdict) == 1  # a choice, or (on a busy machine) a word that it cannot tell
+    assert int(verdict[0].split("num_workers=")[-1].split(":")[0].rstrip(")")) in rows
     assert "20 samples" in result.stdout
 
 
@@ -100,7 +107,7 @@ def test_bench_reads_raw_pixels(packed_raw, decode, channels):
     assert report["format"] == fmt
     assert report["num_samples"] == 20
     for r in report["results"]:
-        assert r["samples"] == 12
+        assert r["samples"] == 12 * r["rounds"]  # each round: 3 batches of 4
         assert r["samples_per_s"] > 0
         assert r["stacked"]  # every sample came back as a 16x16 array, so the batch stacks
         assert r["batch_bytes"] == 4 * 16 * 16 * channels + 4 * 8
@@ -153,13 +160,20 @@ def test_json_has_the_fields(packed):
     assert report["recommended_num_workers"] in (0, 1)
     for r in report["results"]:
         assert r["samples_per_s"] > 0
-        assert r["batches"] == 3
-        assert r["samples"] == 12
+        assert MIN_ROUNDS <= r["rounds"] <= 3 * MIN_ROUNDS
+        assert r["batches"] == 3 * r["rounds"]  # --batches is per timed round
+        assert r["samples"] == 12 * r["rounds"]
+        assert len(r["round_samples_per_s"]) == r["rounds"]
+        assert r["spread"] == pytest.approx(spread(r["round_samples_per_s"]))
+        assert r["spread"] <= STABLE_SPREAD or r["rounds"] == 3 * MIN_ROUNDS
+        assert r["samples_per_s"] == pytest.approx(np.median(r["round_samples_per_s"]))
         assert r["mean_wait_ms"] >= 0
         assert r["batch_bytes"] == 4 * 16 * 16 * 3 + 4 * 8  # images and int64 labels
         assert r["cpu_cores"] is None or r["cpu_cores"] >= 0
     assert isinstance(report["warnings"], list)
     assert report["compare"] == []
+    assert report["max_spread"] == max(r["spread"] for r in report["results"])
+    assert report["stable"] == (report["max_spread"] <= STABLE_SPREAD)
 
 
 def test_default_workers_are_zero_to_the_cores(packed):
@@ -240,14 +254,49 @@ def test_not_a_dataset_exits_2(tmp_path):
     assert "packer: error:" in result.output
 
 
-def row(workers: int, rate: float) -> BenchRow:
-    return BenchRow("packed", workers, 10, 640, 1.0, rate, 1.0, 1.0, 1000)
+def row(workers: int, rate: float, spread: float = 0.0) -> BenchRow:
+    return BenchRow("packed", workers, 10, 640, 1.0, rate, 1.0, 1.0, 1000, spread=spread)
 
 
 def test_recommend_the_smallest_within_95_percent():
     assert recommend([row(0, 50), row(1, 96), row(2, 100), row(3, 99)]).num_workers == 1
     assert recommend([row(0, 50), row(1, 94), row(2, 100)]).num_workers == 2
     assert recommend([row(0, 100), row(1, 60)]).num_workers == 0
+
+
+def test_recommend_the_smallest_within_the_noise_of_the_best():
+    # the best's rounds disagree by 8%: 93/s is as fast as 100/s within that noise
+    assert recommend([row(0, 50), row(1, 93), row(2, 100, spread=0.08)]).num_workers == 1
+    assert recommend([row(0, 50), row(1, 91), row(2, 100, spread=0.08)]).num_workers == 2
+
+
+def test_spread_and_when_to_time_another_round():
+    assert spread([100.0, 110.0, 90.0]) == pytest.approx(0.2)
+    assert spread([100.0]) == 0.0
+    assert more_rounds([])
+    assert more_rounds([100.0, 100.0])
+    assert not more_rounds([100.0, 101.0, 99.0])  # 2% apart: done
+    assert more_rounds([100.0, 130.0, 90.0])  # 40% apart: once more
+    assert not more_rounds([100.0, 130.0, 90.0] * 3)  # but 9 rounds at most
+    assert more_rounds([100.0, 101.0], least=5)
+
+
+def report_of(rows: list[BenchRow]) -> BenchReport:
+    return BenchReport("d", "lmdb", 640, 1, 4, 64, "rgb", "none", "3 rounds", rows=rows)
+
+
+def test_a_busy_machine_is_reported_instead_of_a_choice():
+    quiet = report_of([row(0, 50, 0.02), row(1, 98, 0.03), row(2, 100, 0.04)])
+    assert quiet.verdict().startswith("use num_workers=1: 98 samples/s")
+    assert quiet.as_dict()["stable"] is True
+    busy = report_of([row(0, 50, 0.02), row(1, 70, 0.35), row(2, 100, 0.04)])
+    line = busy.verdict()
+    assert line.startswith("the machine was too busy to tell: spread 35% at num_workers=1")
+    assert "run again on a quiet machine" in line
+    assert not any(x.startswith("use ") for x in busy.text().splitlines())
+    assert busy.as_dict()["stable"] is False
+    assert busy.as_dict()["max_spread"] == 0.35
+    assert "spread" in busy.text().splitlines()[2]  # the table's header
 
 
 def test_collate_stacks_same_shapes_and_keeps_lists_otherwise():

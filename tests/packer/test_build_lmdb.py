@@ -378,7 +378,7 @@ def test_parse_size_and_config_errors(tmp_path):
         parse_size("lots")
     with pytest.raises(ConfigError, match="--format"):
         BuildConfig(src=tmp_path, out=tmp_path / "o", format="zip")
-    with pytest.raises(ConfigError, match="not a directory"):
+    with pytest.raises(ConfigError, match="does not exist"):
         BuildConfig(src=tmp_path / "nope", out=tmp_path / "o")
 
 

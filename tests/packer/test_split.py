@@ -86,3 +86,19 @@ def test_split_writes_parts_record_by_record(tmp_path: Path, fmt: str) -> None:
     again = runner.invoke(app, [*args, "--stratify", "--overwrite"])
     assert again.exit_code == 0, again.output
     assert (parts / "val" / INDEX_NAME).read_bytes() == first
+
+
+def test_parts_are_given_with_into_only(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {"cat": 2, "dog": 2})
+    out = build_packed(tmp_path / "src", tmp_path / "all", "lmdb", workers=1)
+    parts = tmp_path / "parts"
+    result = runner.invoke(app, ["split", str(out), str(parts), "train=0.5,val=0.5"])
+    assert result.exit_code == 2
+    assert result.output.startswith("packer: error: split takes OUT and DIR only")
+    assert "give the parts with --into, e.g. packer split OUT DIR --into train=0.9" in (
+        result.output
+    )
+    assert not parts.exists()
+    both = ["split", str(out), str(parts), "a=0.5,b=0.5", "--into", "train=0.5,val=0.5"]
+    assert runner.invoke(app, both).exit_code == 2
+    assert not parts.exists()

@@ -202,7 +202,7 @@ def test_bare_pair_errors_say_what_they_found(tmp_path):
     (tmp_path / "lonely.idx").write_text("0\t0\n")
     with pytest.raises(DatasetFormatError, match=r"a \.idx without its \.rec"):
         open_dataset(tmp_path / "lonely.idx")
-    with pytest.raises(DatasetFormatError, match="nothing at that path"):
+    with pytest.raises(DatasetFormatError, match="missing: does not exist"):
         open_dataset(tmp_path / "missing")
     (tmp_path / "a.idx").write_text("0\t0\n1\t999999\n")
     with pytest.raises(DatasetFormatError, match=r"key 1 has offset 999999, past the end"):
