@@ -5,10 +5,12 @@ dataset is sorted once as one 64-bit key (numpy), runs of equal keys are the can
 only candidates are read and hashed with BLAKE2b, so a CRC-32 collision never makes a group.
 The near pass (``near=True``) decodes every image once (JPEGs at a reduced DCT scale) and
 hashes it (`packer.nearhash`); hashes within a few bits are only candidates. The images of the
-candidate pairs are decoded again as colour thumbnails, each pair is confirmed by a pixel check
-(`packer.nearhash.similar`) and a matching aspect ratio, and a group holds only images that
-are confirmed pairwise (`packer.nearhash.cliques`): distinct images never share a group
-through a chain of look-alikes. Identical images (the exact groups) are compared once.
+candidate pairs are decoded again as colour thumbnails and luma views, each pair is confirmed
+by a matching aspect ratio, a pixel check on thumbnails (`packer.nearhash.similar`) and one
+at the smaller image's size (`packer.nearhash.fine_difference`; two lossless images of one
+size must match to within a few levels), and a group holds only images that are confirmed
+pairwise, closest pairs first (`packer.nearhash.cliques`): distinct images never share a
+group through a chain of look-alikes. Identical images (the exact groups) are compared once.
 Groups that cross datasets (leakage between splits) and groups whose labels disagree come
 first.
 """
@@ -32,10 +34,14 @@ from packer.nearhash import (
     DEFAULT_HASH,
     DEFAULT_THRESHOLD,
     HASHES,
+    MAX_FINE_DIFF,
+    MAX_LOSSLESS_DIFF,
     MIN_SIDE,
     THUMB_SIDE,
     cliques,
     compared_side,
+    fine_difference,
+    fine_view,
     flatten,
     near_pairs,
     similar,
@@ -48,6 +54,7 @@ from readers.index import DatasetIndex, load_index
 MIN_DRAFT_SIDE = (
     128  # a JPEG is decoded at 1/2, 1/4 or 1/8 scale while its short side stays >= this
 )
+LOSSLESS_FORMATS = frozenset({"png", "raw", "bmp", "tiff"})
 ASPECT_TOLERANCE = 0.03  # copies keep their aspect ratio to within this (and a pixel's rounding)
 
 
@@ -351,11 +358,16 @@ class _NearPass:
             distinct[members[1:]] = False
         width, height = self._column("width"), self._column("height")
         self.short = np.minimum(width, height)
+        self.size = list(zip(width.tolist(), height.tolist(), strict=True))
+        formats = [str(f) for s in rows.sources for f in s.index.extra["format"].to_pylist()]
+        self.lossless = [f in LOSSLESS_FORMATS for f in formats]
         self.aspect = np.log(np.maximum(width, 1) / np.maximum(height, 1))
         small = distinct & (self.short < MIN_SIDE)
         report.too_small = sum(len(self.copies.get(r, [r])) for r in np.flatnonzero(small).tolist())
         self.candidates = np.flatnonzero(distinct & ~small)
         self.thumbs: dict[tuple[int, int], np.ndarray] = {}
+        self.fines: dict[int, np.ndarray] = {}  # row -> its `fine_view`
+        self.differences: dict[tuple[int, int], float] = {}
 
     def _column(self, name: str) -> np.ndarray:
         return np.concatenate(
@@ -384,32 +396,51 @@ class _NearPass:
         return np.array(kept, dtype=np.int64), np.array(hashes, dtype=np.uint64)
 
     def confirmed(self, a: int, b: int) -> bool:
-        """Whether rows `a` and `b` show the same picture: aspect ratio, then pixels."""
+        """Whether rows `a` and `b` show the same picture: aspect ratio, thumbnails, full size."""
+        return self.difference(a, b) <= MAX_FINE_DIFF
+
+    def difference(self, a: int, b: int) -> float:
+        """`fine_difference` of rows `a` and `b`; infinite when a coarser check already fails."""
+        key = (min(a, b), max(a, b))
+        if key not in self.differences:
+            self.differences[key] = self._difference(a, b)
+        return self.differences[key]
+
+    def _difference(self, a: int, b: int) -> float:
         short = int(min(self.short[a], self.short[b]))
         if abs(self.aspect[a] - self.aspect[b]) > ASPECT_TOLERANCE + 2 / short:
-            return False
+            return float("inf")
         side = compared_side(short)
-        return similar(self.thumb(a, side), self.thumb(b, side), short)
+        if not similar(self.thumb(a, side), self.thumb(b, side), short):
+            return float("inf")
+        diff = fine_difference(self.fines[a], self.fines[b])
+        if self.lossless[a] and self.lossless[b] and self.size[a] == self.size[b]:
+            # two lossless images of one size: no resampling or re-encoding explains a difference
+            return diff if diff <= MAX_LOSSLESS_DIFF else float("inf")
+        return diff
 
     def thumb(self, row: int, side: int = THUMB_SIDE) -> np.ndarray:
         """Row `row`'s thumbnail at `side` pixels (decoded once, each size made once)."""
         key = (row, side)
         if key not in self.thumbs:
             if side == THUMB_SIDE:
-                self.thumbs[key] = thumbnail(self._decode(row))
+                image = self._decode(row)
+                self.thumbs[key] = thumbnail(image)
+                self.fines[row] = fine_view(image)
             else:
                 full = self.thumb(row)
                 self.thumbs[key] = cv2.resize(full, (side, side), interpolation=cv2.INTER_AREA)
         return self.thumbs[key]
 
     def groups(self, threshold: int, hash_name: str) -> list[list[int]]:
-        """Groups of rows (with their exact copies), each confirmed pairwise."""
+        """Groups of rows (with their exact copies), each confirmed pairwise, closest first."""
         kept, hashes = self.hashes(hash_name)
         pairs = kept[near_pairs(hashes, threshold)]
         for row in np.unique(pairs).tolist():  # decoded again, in row order (sequential reads)
             self.thumb(row)
         good = [(a, b) for a, b in pairs.tolist() if self.confirmed(a, b)]
-        found = cliques(np.array(good, dtype=np.int64).reshape(-1, 2), self.confirmed)
+        scores = [self.difference(a, b) for a, b in good]
+        found = cliques(np.array(good, dtype=np.int64).reshape(-1, 2), self.confirmed, scores)
         return [sorted(r for row in g for r in self.copies.get(row, [row])) for g in found]
 
 

@@ -11,14 +11,16 @@ buckets or pairs).
 
 A hash match is only a candidate: distinct pictures that share a layout (document icons, a
 folder in six colours) hash alike. `similar` confirms a candidate pair on colour thumbnails,
-and `cliques` groups only images that are confirmed pairwise, so that a chain A~B~C never puts
-A and C together. `group_near` (connected components of hash matches) is kept for measuring
-hashes alone; it chains, so it is not what ``packer dupes`` reports.
+`fine_difference` measures it again at the smaller image's own size (a caption or a mark that
+a thumbnail averages away), and `cliques` groups only images that are confirmed pairwise,
+closest pairs first, so that a chain A~B~C never puts A and C together. `group_near`
+(connected components of hash matches) is kept for measuring hashes alone; it chains, so it
+is not what ``packer dupes`` reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import cv2
 import numpy as np
@@ -132,8 +134,8 @@ def near_pairs(hashes: np.ndarray, threshold: int = DEFAULT_THRESHOLD) -> np.nda
 
 THUMB_SIDE = 64  # the colour thumbnail `similar` compares (at most this side)
 MIN_SIDE = 32  # images smaller than this on their short side are not compared for near copies
-MAX_MEAN_DIFF = 10.0  # mean over the compared thumbnail of the largest channel difference
-MAX_LOCAL_DIFF = 24.0  # the largest 3x3 average of a channel's signed difference
+MAX_MEAN_DIFF = 12.0  # mean over the compared thumbnail of the largest Y, Cr or Cb difference
+MAX_LOCAL_DIFF = 32.0  # the largest 3x3 average of a Y, Cr or Cb signed difference
 
 
 def flatten(image: np.ndarray) -> np.ndarray:
@@ -179,68 +181,95 @@ def similar(a: np.ndarray, b: np.ndarray, short_side: int) -> bool:
     image's JPEG noise averages out and a large image's details still show. The pair must
     agree overall (the mean of the largest channel difference) and everywhere locally (each
     3x3 average of a channel's signed difference): noise averages out locally, a changed
-    detail (an emblem, a caption, another colour) does not.
+    detail (an emblem, a caption, another colour) does not. Channels are luma and the two
+    chroma differences (YCrCb), as JPEG stores them: a JPEG's colour is kept at half
+    resolution, and its bleeding at a colour edge, summed over B, G and R, looked like a
+    change on small icons.
     """
     side = compared_side(short_side)
     if side != a.shape[0]:
         a = cv2.resize(a, (side, side), interpolation=cv2.INTER_AREA)
         b = cv2.resize(b, (side, side), interpolation=cv2.INTER_AREA)
-    diff = a.astype(np.float32) - b.astype(np.float32)
+    diff = _ycrcb(a) - _ycrcb(b)
     if float(np.abs(diff).max(axis=2).mean()) > MAX_MEAN_DIFF:
         return False
     local = cv2.blur(diff, (3, 3), borderType=cv2.BORDER_REFLECT)
     return float(np.abs(local).max()) <= MAX_LOCAL_DIFF
 
 
-def cliques(pairs: np.ndarray, confirm: Callable[[int, int], bool]) -> list[list[int]]:
+FINE_SIDE = 128  # `fine_difference` compares at the smaller image's size, at most this short side
+FINE_BLUR = 1.0  # sigma (pixels) of the blur that absorbs resampling and JPEG ringing
+MAX_FINE_DIFF = 34.0  # the largest blurred luma difference a copy shows at full size
+MAX_LOSSLESS_DIFF = 8.0  # the same, for two lossless images of one size (nothing to explain)
+
+
+def fine_view(image: np.ndarray) -> np.ndarray:
+    """The luma (uint8) of a BGR image, area-averaged to at most `FINE_SIDE` on its short side."""
+    gray = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+    h, w = gray.shape[:2]
+    if min(h, w) > FINE_SIDE:
+        scale = FINE_SIDE / min(h, w)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        gray = cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
+    return gray
+
+
+def fine_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """How far two `fine_view` lumas differ, compared at the smaller one's own size.
+
+    The larger is area-averaged to the smaller's size (what resizing it would give), the
+    difference is blurred lightly (`FINE_BLUR`: resampling and JPEG ringing are pixel-sized
+    and of both signs, a caption, an emblem or a mark is not), and the largest absolute
+    value is returned: 0 for a copy resized the same way, a few levels for a re-encoding.
+    """
+    if a.shape[0] * a.shape[1] < b.shape[0] * b.shape[1]:
+        a, b = b, a
+    h, w = b.shape[:2]
+    if a.shape[:2] != (h, w):
+        a = cv2.resize(a, (w, h), interpolation=cv2.INTER_AREA)
+    diff = a.astype(np.float32) - b.astype(np.float32)
+    blurred = np.abs(cv2.GaussianBlur(diff, (0, 0), FINE_BLUR, borderType=cv2.BORDER_REFLECT))
+    return float(blurred.max())
+
+
+def _ycrcb(image: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(image, cv2.COLOR_BGR2YCrCb).astype(np.float32)
+
+
+def cliques(
+    pairs: np.ndarray,
+    confirm: Callable[[int, int], bool],
+    scores: Sequence[float] | None = None,
+) -> list[list[int]]:
     """Groups in which every two members are confirmed: no chaining through a middle member.
 
     `pairs` are the confirmed pairs (graph edges); `confirm(i, j)` checks a pair that is not
-    an edge. Each group grows from the member with the most confirmed neighbours (ties: the
-    smallest), taking its neighbours in order when they are confirmed with every member so
-    far; its members leave the graph and the next group starts. Each position is in at
-    most one group; groups have >= 2 members, sorted, in order of their first member.
+    an edge. The edges are taken in order of their `scores` (the closest pair first; ties and
+    no scores: in the order given), and an edge merges the two groups of its ends only when
+    every member of one is confirmed with every member of the other (complete linkage). So an
+    image joins the image it is closest to before looser look-alikes can claim either.
+    Each position is in at most one group; groups have >= 2 members, sorted, in order of
+    their first member.
     """
-    neighbours: dict[int, set[int]] = {}
-    for a, b in np.asarray(pairs).reshape(-1, 2).tolist():
-        if a != b:
-            neighbours.setdefault(a, set()).add(b)
-            neighbours.setdefault(b, set()).add(a)
-    edges = {(min(a, b), max(a, b)) for a, bs in neighbours.items() for b in bs}
+    edge_list = [(a, b) for a, b in np.asarray(pairs).reshape(-1, 2).tolist() if a != b]
+    edges = {(min(a, b), max(a, b)) for a, b in edge_list}
+    if scores is not None:
+        order = np.argsort(np.asarray(scores, dtype=np.float64)[: len(edge_list)], kind="stable")
+        edge_list = [edge_list[k] for k in order.tolist()]
 
     def linked(i: int, j: int) -> bool:
         return (min(i, j), max(i, j)) in edges or confirm(i, j)
 
-    groups: list[list[int]] = []
-    nodes = np.array(sorted(neighbours), dtype=np.int64)
-    edge_array = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
-    roots = _components(len(nodes), np.searchsorted(nodes, edge_array))
-    for root in np.unique(roots).tolist():  # one component at a time: a rep is picked locally
-        _grow(nodes[roots == root].tolist(), neighbours, linked, groups)
-    return sorted(groups, key=lambda g: g[0])
-
-
-def _grow(
-    component: list[int],
-    neighbours: dict[int, set[int]],
-    linked: Callable[[int, int], bool],
-    groups: list[list[int]],
-) -> None:
-    left = set(component)
-    while left:
-        rep = min(left, key=lambda v: (-len(neighbours[v]), v))
-        members = [rep]
-        for v in sorted(neighbours[rep]):
-            if all(linked(v, m) for m in members[1:]):
-                members.append(v)
-        for v in members:
-            left.discard(v)
-            for w in neighbours.pop(v):
-                neighbours[w].discard(v)
-                if not neighbours[w]:
-                    left.discard(w)  # alone now: it starts no group
-        if len(members) >= 2:
-            groups.append(sorted(members))
+    group_of: dict[int, list[int]] = {}
+    for a, b in edge_list:
+        ga, gb = group_of.get(a, [a]), group_of.get(b, [b])
+        if ga is gb or not all(linked(i, j) for i in ga for j in gb):
+            continue
+        merged = ga + gb
+        for v in merged:
+            group_of[v] = merged
+    groups = {id(g): g for g in group_of.values()}.values()
+    return sorted((sorted(g) for g in groups), key=lambda g: g[0])
 
 
 def _components(n: int, pairs: np.ndarray) -> np.ndarray:
