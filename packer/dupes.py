@@ -32,17 +32,19 @@ from packer.errors import PackerError
 from packer.metadata import class_names
 from packer.nearhash import (
     DEFAULT_HASH,
-    DEFAULT_THRESHOLD,
+    DEFAULT_RADIUS,
     HASHES,
     MAX_FINE_DIFF,
     MAX_LOSSLESS_DIFF,
     MIN_SIDE,
     THUMB_SIDE,
     cliques,
+    coarse_view,
     compared_side,
     fine_difference,
     fine_view,
     flatten,
+    maybe_similar,
     near_pairs,
     similar,
     thumbnail,
@@ -436,8 +438,13 @@ class _NearPass:
         """Groups of rows (with their exact copies), each confirmed pairwise, closest first."""
         kept, hashes = self.hashes(hash_name)
         pairs = kept[near_pairs(hashes, threshold)]
-        for row in np.unique(pairs).tolist():  # decoded again, in row order (sequential reads)
+        rows = np.unique(pairs)
+        for row in rows.tolist():  # decoded again, in row order (sequential reads)
             self.thumb(row)
+        if len(pairs):  # a cheap test that only drops pairs the checks would reject
+            views = np.stack([coarse_view(self.thumb(row)) for row in rows.tolist()])
+            at = np.searchsorted(rows, pairs)
+            pairs = pairs[maybe_similar(views, at[:, 0], at[:, 1])]
         good = [(a, b) for a, b in pairs.tolist() if self.confirmed(a, b)]
         scores = [self.difference(a, b) for a, b in good]
         found = cliques(np.array(good, dtype=np.int64).reshape(-1, 2), self.confirmed, scores)
@@ -448,7 +455,7 @@ def find_dupes(
     paths: Sequence[str | Path],
     *,
     near: bool = False,
-    threshold: int = DEFAULT_THRESHOLD,
+    threshold: int = DEFAULT_RADIUS,
     hash_name: str = DEFAULT_HASH,
     progress: bool | None = None,
 ) -> DupesReport:

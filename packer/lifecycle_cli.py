@@ -304,9 +304,11 @@ def dupes(
     threshold: Annotated[
         int,
         typer.Option(
-            metavar="0..3", help="--near: the most hash bits two copies may differ in (0..3)."
+            metavar="0..8",
+            help="--near: the most pHash bits a candidate pair may differ in (0..8); "
+            "each candidate is then confirmed on pixels.",
         ),
-    ] = 2,
+    ] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """List groups of identical images within and across datasets, leakage first.
@@ -315,10 +317,10 @@ def dupes(
     """
     refuse_urls("dupes", out, *(others or []))
     from packer.dupes import find_dupes
-    from packer.nearhash import MAX_THRESHOLD
+    from packer.nearhash import MAX_RADIUS
 
-    if not 0 <= threshold <= MAX_THRESHOLD:
-        raise _fail(ConfigError(f"--threshold {threshold}: expected 0..{MAX_THRESHOLD}"))
+    if not 0 <= threshold <= MAX_RADIUS:
+        raise _fail(ConfigError(f"--threshold {threshold}: expected 0..{MAX_RADIUS}"))
     try:
         for path in [out, *(others or [])]:
             if not path.exists() and not path.is_symlink():

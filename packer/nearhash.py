@@ -1,21 +1,23 @@
 """Perceptual hashes of images (64 bits), candidate pairs by Hamming distance, and the pixel check.
 
 A resized or re-encoded copy of an image keeps its coarse brightness structure, so a hash of a
-tiny gray thumbnail stays within a few bits of the original's. `near_pairs` finds every pair
-of hashes within ``threshold`` bits without comparing all pairs: the 64 bits are cut into
-``BANDS`` bands of 16 bits, and two hashes within 3 bits agree on at least one band
-(pigeonhole), so only hashes that share a band value are compared. With hashes spread over
-the 2**16 values of a band, a bucket holds about N / 65536 hashes, so the work grows as
-N log N (the sorts) plus N * N / 65536 comparisons per band, all in numpy (no Python loop over
-buckets or pairs).
+tiny gray thumbnail stays within a few bits of the original's: mostly 0-3, but up to 8 for a
+small icon resized by an odd factor. `near_pairs` finds every pair of hashes within
+``radius`` bits (at most `MAX_RADIUS`, 8) without comparing all pairs (multi-index hashing):
+the 64 bits are cut into `CANDIDATE_BANDS` bands (eight of 7 bits and one of 8), and two
+hashes within 8 bits agree exactly on at least one band (pigeonhole: 8 differing bits cannot
+touch all 9 bands), so only hashes that share a band value are compared, on all 64 bits (one
+popcount). A bucket holds about N / 128 hashes, so the work grows as N log N (the sorts) plus
+9 * N * N / 256 popcounts, all in numpy (no Python loop over buckets or pairs): about a second
+at 10^5 distinct hashes.
 
 A hash match is only a candidate: distinct pictures that share a layout (document icons, a
 folder in six colours) hash alike. `similar` confirms a candidate pair on colour thumbnails,
 `fine_difference` measures it again at the smaller image's own size (a caption or a mark that
 a thumbnail averages away), and `cliques` groups only images that are confirmed pairwise,
 closest pairs first, so that a chain A~B~C never puts A and C together. `group_near`
-(connected components of hash matches) is kept for measuring hashes alone; it chains, so it
-is not what ``packer dupes`` reports.
+(connected components of hash matches, four 16-bit bands, at most 3 bits) is kept for
+measuring hashes alone; it chains, so it is not what ``packer dupes`` reports.
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ from collections.abc import Callable, Sequence
 import cv2
 import numpy as np
 
-BANDS = 4
+BANDS = 4  # `group_near`: four bands of 16 bits
 BAND_BITS = 64 // BANDS
-MAX_THRESHOLD = BANDS - 1  # the largest distance the banding finds every pair for
-DEFAULT_THRESHOLD = 2  # pHash distances of copies come in pairs of bits: 3 finds what 2 does
+MAX_THRESHOLD = BANDS - 1  # the largest distance `group_near`'s banding finds every pair for
+# `near_pairs`: 8 bands of 7 bits and one of 8 (the top bits); 9 bands find every pair <= 8 apart
+CANDIDATE_BANDS = ((0, 7), (7, 7), (14, 7), (21, 7), (28, 7), (35, 7), (42, 7), (49, 7), (56, 8))
+MAX_RADIUS = len(CANDIDATE_BANDS) - 1  # the largest distance `near_pairs` finds every pair for
+# measured (scripts/bench_dupes.py): a third of the copies that 3 bits missed lie 4-8 bits from
+# their original; the pixel checks, not the hash, keep look-alikes apart
+DEFAULT_RADIUS = MAX_RADIUS
 
 
 def _pack_bits(bits: np.ndarray) -> int:
@@ -101,31 +108,33 @@ def _band_pairs(unique: np.ndarray, values: np.ndarray, threshold: int) -> np.nd
     return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
 
 
-def near_pairs(hashes: np.ndarray, threshold: int = DEFAULT_THRESHOLD) -> np.ndarray:
-    """Every pair ``(i, j)``, ``i < j``, of positions in `hashes` within `threshold` bits.
+def near_pairs(hashes: np.ndarray, radius: int = DEFAULT_RADIUS) -> np.ndarray:
+    """Every pair ``(i, j)``, ``i < j``, of positions in `hashes` within `radius` bits.
 
     Rows with equal hashes are compared once as one hash, then expanded. Sorted by (i, j).
 
     Raises:
-        ValueError: `threshold` is above `MAX_THRESHOLD` (the banding would miss pairs).
+        ValueError: `radius` is above `MAX_RADIUS` (the banding would miss pairs).
     """
-    if not 0 <= threshold <= MAX_THRESHOLD:
-        raise ValueError(f"threshold {threshold}: expected 0..{MAX_THRESHOLD}")
+    if not 0 <= radius <= MAX_RADIUS:
+        raise ValueError(f"radius {radius}: expected 0..{MAX_RADIUS}")
     hashes = np.asarray(hashes, dtype=np.uint64)
     unique, inverse = np.unique(hashes, return_inverse=True)
     inverse = inverse.ravel()
-    mask = np.uint64((1 << BAND_BITS) - 1)
     found = np.concatenate(
         [
-            _band_pairs(unique, (unique >> np.uint64(band * BAND_BITS)) & mask, threshold)
-            for band in range(BANDS)
+            _band_pairs(unique, (unique >> np.uint64(shift)) & np.uint64((1 << bits) - 1), radius)
+            for shift, bits in CANDIDATE_BANDS
         ]
     )
+    # a pair that shares several bands is found once per band
+    low, high = np.minimum(found[:, 0], found[:, 1]), np.maximum(found[:, 0], found[:, 1])
+    codes = np.unique(low * len(unique) + high) if len(found) else np.empty(0, dtype=np.int64)
     rows_of: list[list[int]] = [[] for _ in range(len(unique))]
     for row, u in enumerate(inverse.tolist()):
         rows_of[u].append(row)
-    pairs = {(min(a, b), max(a, b)) for a, b in found.tolist()}  # a band pair shows up per band
-    out = [(x, y) for a, b in pairs for x in rows_of[a] for y in rows_of[b]]
+    n = len(unique)
+    out = [(x, y) for code in codes.tolist() for x in rows_of[code // n] for y in rows_of[code % n]]
     for rows in rows_of:  # equal hashes
         out.extend((x, y) for k, x in enumerate(rows) for y in rows[k + 1 :])
     result = np.array(sorted((min(x, y), max(x, y)) for x, y in out), dtype=np.int64)
@@ -191,10 +200,51 @@ def similar(a: np.ndarray, b: np.ndarray, short_side: int) -> bool:
         a = cv2.resize(a, (side, side), interpolation=cv2.INTER_AREA)
         b = cv2.resize(b, (side, side), interpolation=cv2.INTER_AREA)
     diff = _ycrcb(a) - _ycrcb(b)
-    if float(np.abs(diff).max(axis=2).mean()) > MAX_MEAN_DIFF:
+    mag = np.abs(diff)  # the largest channel: np.maximum, as max(axis=2) is slow on 3 values
+    if float(np.maximum(np.maximum(mag[:, :, 0], mag[:, :, 1]), mag[:, :, 2]).mean()) > (
+        MAX_MEAN_DIFF
+    ):
         return False
     local = cv2.blur(diff, (3, 3), borderType=cv2.BORDER_REFLECT)
     return float(np.abs(local).max()) <= MAX_LOCAL_DIFF
+
+
+COARSE_SIDE = 16  # `maybe_similar` compares every candidate pair at this side first
+# what rounding can add to a difference at COARSE_SIDE: each image's coarse YCrCb differs from
+# the average of its finer one by at most 0.5 (its BGR rounded at 16 px) + 0.5 (at 32 px) + 0.5
+# + 0.5 (YCrCb rounded at either side; each YCrCb row's coefficients sum to 1 in magnitude)
+COARSE_SLACK = 4.0
+
+
+def coarse_view(thumb: np.ndarray) -> np.ndarray:
+    """`maybe_similar`'s view of a `thumbnail`: YCrCb at `COARSE_SIDE`, int16, channels first."""
+    small = cv2.resize(thumb, (COARSE_SIDE, COARSE_SIDE), interpolation=cv2.INTER_AREA)
+    return np.moveaxis(cv2.cvtColor(small, cv2.COLOR_BGR2YCrCb), 2, 0).astype(np.int16)
+
+
+def maybe_similar(views: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per pair ``(a[k], b[k])`` of positions in `views` (`coarse_view`s): can `similar` accept it.
+
+    False only where `similar` rejects the pair at any side (16, 32 or 64), so it filters
+    candidates before the per-pair checks, in numpy over all pairs at once. At 16 px, each
+    pixel is the average of a block of the finer sides' pixels (area averaging by a whole
+    factor), so the mean of the largest channel difference cannot exceed the finer one's, and
+    a 3x3 average away from the border is the average of 3x3 averages of the finer difference
+    (4 at 32 px, 16 at 64), so it cannot exceed their largest; `COARSE_SLACK` covers rounding.
+    """
+    keep = np.empty(len(a), dtype=bool)
+    mean_bound = (MAX_MEAN_DIFF + COARSE_SLACK) * COARSE_SIDE * COARSE_SIDE
+    local_bound = (MAX_LOCAL_DIFF + COARSE_SLACK) * 9
+    for start in range(0, len(a), 4096):  # chunks: a few MB of int16 at a time
+        diff = views[a[start : start + 4096]] - views[b[start : start + 4096]]
+        mag = np.abs(diff)
+        largest = np.maximum(np.maximum(mag[:, 0], mag[:, 1]), mag[:, 2])
+        rows = diff[:, :, :-2] + diff[:, :, 1:-1] + diff[:, :, 2:]  # 3x3 sums, interior only
+        box = rows[:, :, :, :-2] + rows[:, :, :, 1:-1] + rows[:, :, :, 2:]
+        keep[start : start + 4096] = (largest.sum(axis=(1, 2)) <= mean_bound) & (
+            np.abs(box).max(axis=(1, 2, 3)) <= local_bound
+        )
+    return keep
 
 
 FINE_SIDE = 128  # `fine_difference` compares at the smaller image's size, at most this short side
@@ -288,7 +338,7 @@ def _components(n: int, pairs: np.ndarray) -> np.ndarray:
             return labels
 
 
-def group_near(hashes: np.ndarray, threshold: int = DEFAULT_THRESHOLD) -> list[np.ndarray]:
+def group_near(hashes: np.ndarray, threshold: int = 2) -> list[np.ndarray]:
     """Groups of positions in `hashes` (uint64) linked by distances of at most `threshold` bits.
 
     A group is a connected component: two members may be further apart than `threshold`

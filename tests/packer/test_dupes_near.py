@@ -7,11 +7,23 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from packer.cli import app
 from packer.dupes import find_dupes
-from packer.nearhash import cliques, near_pairs, phash, similar, thumbnail
+from packer.nearhash import (
+    MAX_RADIUS,
+    cliques,
+    coarse_view,
+    compared_side,
+    hamming,
+    maybe_similar,
+    near_pairs,
+    phash,
+    similar,
+    thumbnail,
+)
 from tests.conftest import build_packed, encode
 
 runner = CliRunner()
@@ -238,3 +250,85 @@ def test_cliques_join_the_closest_pairs_first() -> None:
     # a group takes a newcomer only when it is confirmed with every member
     pairs = np.array([[0, 1], [2, 3], [1, 2], [0, 2]])
     assert cliques(pairs, never, [1.0, 1.0, 2.0, 3.0]) == [[0, 1], [2, 3]]
+
+
+def test_near_pairs_finds_every_pair_within_8_bits() -> None:
+    # clusters of hashes 0-12 bits apart: the 9-band search agrees with comparing all pairs
+    rng = np.random.default_rng(7)
+    centres = rng.integers(0, 2**63, 40, dtype=np.uint64)
+    hashes = []
+    for centre in centres.tolist():
+        for flips in range(13):
+            bits = rng.choice(64, flips, replace=False)
+            hashes.append(int(centre) ^ sum(1 << int(b) for b in bits))
+    values = np.array(hashes, dtype=np.uint64)
+    distance = hamming(values[:, None], values[None, :])
+    for radius in (0, 3, 5, MAX_RADIUS):
+        i, j = np.nonzero(np.triu(distance <= radius, k=1))
+        assert near_pairs(values, radius).tolist() == np.stack([i, j], axis=1).tolist()
+    with pytest.raises(ValueError, match=r"radius 9: expected 0\.\.8"):
+        near_pairs(values, 9)
+
+
+def _round_icon(seed: int) -> np.ndarray:
+    """A 64 px face-like icon: a disc on white with three smaller discs, colours from `seed`."""
+    rng = np.random.default_rng(seed)
+    image = np.full((64, 64, 3), 255, dtype=np.uint8)
+    cv2.circle(image, (32, 32), 28, tuple(int(x) for x in rng.integers(0, 256, 3)), -1)
+    for _ in range(3):
+        colour = tuple(int(x) for x in rng.integers(0, 256, 3))
+        centre = tuple(int(x) for x in rng.integers(16, 48, 2))
+        cv2.circle(image, centre, int(rng.integers(3, 9)), colour, -1)
+    return image
+
+
+def test_a_copy_whose_hash_lies_5_to_8_bits_away_is_grouped(tmp_path: Path) -> None:
+    # small icons resized by an odd factor and saved as JPEG: their pHash moves 6 and 8 bits,
+    # beyond the 3 bits the old 16-bit bands could find; the pixel checks still confirm them
+    files: dict[str, bytes] = {}
+    for seed, scale in ((0, 0.65), (16, 0.65)):
+        icon = _round_icon(seed)
+        copy = cv2.imdecode(np.frombuffer(_jpeg(_resized(icon, scale), 80), np.uint8), 1)
+        distance = bin(phash(_gray(icon)) ^ phash(_gray(copy))).count("1")
+        assert 5 <= distance <= 8, (seed, distance)  # the premise
+        files[f"i/icon_{seed}.png"] = encode(icon, ".png")
+        files[f"i/icon_{seed}_copy.jpg"] = _jpeg(_resized(icon, scale), 80)
+    out = _pack(tmp_path, files)
+    assert _near(out) == [
+        ["i/icon_0.png", "i/icon_0_copy.jpg"],
+        ["i/icon_16.png", "i/icon_16_copy.jpg"],
+    ]
+
+
+def test_the_coarse_filter_never_drops_a_pair_the_checks_would_accept() -> None:
+    # pairs near the checks' limits, at every compared side: whatever `similar` accepts,
+    # `maybe_similar` (16 px, in numpy over all pairs) keeps
+    rng = np.random.default_rng(3)
+    thumbs, pairs, shorts = [], [], []
+    for k in range(300):
+        base = _smooth(rng, 64, 64).astype(np.int16)
+        noise = rng.normal(0, rng.uniform(2, 60), base.shape)
+        if k % 2 == 0:  # a local change: a patch of 4-16 px
+            y, x, side = *rng.integers(0, 48, 2), rng.integers(4, 17)
+            noise[y : y + side, x : x + side] += rng.uniform(-120, 120)
+        other = np.clip(base + noise, 0, 255).astype(np.uint8)
+        thumbs += [base.astype(np.uint8), other]
+        pairs.append((2 * k, 2 * k + 1))
+        shorts.append(int(rng.choice([40, 90, 200])))
+    views = np.stack([coarse_view(t) for t in thumbs])
+    index = np.array(pairs)
+    kept = maybe_similar(views, index[:, 0], index[:, 1])
+    accepted = np.array(
+        [
+            similar(
+                cv2.resize(thumbs[a], (compared_side(s),) * 2, interpolation=cv2.INTER_AREA),
+                cv2.resize(thumbs[b], (compared_side(s),) * 2, interpolation=cv2.INTER_AREA),
+                s,
+            )
+            for (a, b), s in zip(pairs, shorts, strict=True)
+        ]
+    )
+    assert accepted.sum() >= 30  # the premise: both outcomes occur
+    assert (~accepted).sum() >= 30
+    assert not (accepted & ~kept).any()
+    assert (~kept).sum() >= 30  # and the filter does drop pairs

@@ -48,7 +48,7 @@ BAD = [
     ("split A DIR --into a=-0.5,b=1.5", "expected a fraction in"),
     ("split A DIR --into a", "'a' is not NAME=FRACTION"),
     ("dupes A X", "dataset .*/x does not exist"),
-    ("dupes A --threshold 9", r"--threshold 9: expected 0\.\.3"),
+    ("dupes A --threshold 9", r"--threshold 9: expected 0\.\.8"),
 ]
 
 
