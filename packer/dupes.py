@@ -8,9 +8,11 @@ hashes it (`packer.nearhash`); hashes within a few bits are only candidates. The
 candidate pairs are decoded again as colour thumbnails and luma views, each pair is confirmed
 by a matching aspect ratio, a pixel check on thumbnails (`packer.nearhash.similar`) and one
 at the smaller image's size (`packer.nearhash.fine_difference`; two lossless images of one
-size must match to within a few levels), and a group holds only images that are confirmed
-pairwise, closest pairs first (`packer.nearhash.cliques`): distinct images never share a
-group through a chain of look-alikes. Identical images (the exact groups) are compared once.
+size must match to within a few levels); an image goes only with the picture it matches
+best, and with none when two distinct pictures match it about as well (a ratio test); a group
+holds only images that are confirmed pairwise, closest pairs first
+(`packer.nearhash.cliques`): distinct images never share a group through a chain of
+look-alikes. Identical images (the exact groups) are compared once.
 Groups that cross datasets (leakage between splits) and groups whose labels disagree come
 first.
 """
@@ -57,6 +59,7 @@ MIN_DRAFT_SIDE = (
     128  # a JPEG is decoded at 1/2, 1/4 or 1/8 scale while its short side stays >= this
 )
 LOSSLESS_FORMATS = frozenset({"png", "raw", "bmp", "tiff"})
+AMBIGUOUS_RATIO = 0.8  # a row's best match must be this much closer than a distinct picture
 ASPECT_TOLERANCE = 0.03  # copies keep their aspect ratio to within this (and a pixel's rounding)
 
 
@@ -434,6 +437,33 @@ class _NearPass:
                 self.thumbs[key] = cv2.resize(full, (side, side), interpolation=cv2.INTER_AREA)
         return self.thumbs[key]
 
+    def unambiguous(self, good: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The confirmed pairs `good`, less those that join a row to a second picture.
+
+        A row goes with the picture it matches best: a pair with a partner that its best
+        match is not confirmed with (another picture) is dropped, and when that other
+        picture is about as close (within `AMBIGUOUS_RATIO`), the row is too small or too
+        blurred to tell the two apart and is left out of every near group, rather than given
+        to the closer by a hair (a ratio test).
+        """
+        partners: dict[int, list[int]] = {}
+        for a, b in good:
+            partners.setdefault(a, []).append(b)
+            partners.setdefault(b, []).append(a)
+        ambiguous, dropped = set(), set()
+        for row, others in partners.items():
+            best, *rest = sorted(others, key=lambda o: self.difference(row, o))
+            for other in rest:
+                if not self.confirmed(best, other):
+                    dropped.add((min(row, other), max(row, other)))
+                    if self.difference(row, best) >= AMBIGUOUS_RATIO * self.difference(row, other):
+                        ambiguous.add(row)
+        return [
+            (a, b)
+            for a, b in good
+            if a not in ambiguous and b not in ambiguous and (min(a, b), max(a, b)) not in dropped
+        ]
+
     def groups(self, threshold: int, hash_name: str) -> list[list[int]]:
         """Groups of rows (with their exact copies), each confirmed pairwise, closest first."""
         kept, hashes = self.hashes(hash_name)
@@ -446,6 +476,7 @@ class _NearPass:
             at = np.searchsorted(rows, pairs)
             pairs = pairs[maybe_similar(views, at[:, 0], at[:, 1])]
         good = [(a, b) for a, b in pairs.tolist() if self.confirmed(a, b)]
+        good = self.unambiguous(good)
         scores = [self.difference(a, b) for a, b in good]
         found = cliques(np.array(good, dtype=np.int64).reshape(-1, 2), self.confirmed, scores)
         return [sorted(r for row in g for r in self.copies.get(row, [row])) for g in found]
