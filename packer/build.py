@@ -71,6 +71,7 @@ class BuildSummary:
     reasons: dict[str, int] = field(default_factory=dict)
     already_complete: bool = False  # --resume found OUT finished, from the same plan
     hints: list[str] = field(default_factory=list)  # lines printed after the summary
+    export: str | None = None  # "folder" or "webdataset" for convert --to: files, not shards
 
     @classmethod
     def of_complete(cls, out: Path, meta: dict[str, Any], started: float) -> BuildSummary:
@@ -102,10 +103,15 @@ class BuildSummary:
         skipped = f"skipped {self.skipped}"
         if reasons:
             skipped += f" ({reasons}; see {ERRORS_NAME})"
+        if self.export == "folder":
+            into = "as image files"
+        else:
+            kind = " tar" if self.export == "webdataset" else ""
+            into = f"into {self.shards}{kind} shard{'s' if self.shards != 1 else ''}"
+        verb = "exported" if self.export else "packed"
         return (
-            f"packed {self.packed} images ({self.bytes / 1e6:.1f} MB) into {self.shards} "
-            f"shard{'s' if self.shards != 1 else ''}, {skipped}, in {self.seconds:.1f} s "
-            f"({self.images_per_second:.0f} images/s) -> {self.out}"
+            f"{verb} {self.packed} images ({self.bytes / 1e6:.1f} MB) {into}, {skipped}, in "
+            f"{self.seconds:.1f} s ({self.images_per_second:.0f} images/s) -> {self.out}"
         )
 
 
