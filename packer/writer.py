@@ -379,7 +379,9 @@ class Writer:
             Each sample's id, or None where it was rejected.
         """
         if self.workers <= 1:
-            return [self.add(*_unpack(s)) for s in samples]
+            return [
+                self.add(image, label, path=path) for image, label, path in map(_unpack, samples)
+            ]
         if self._pool is None:
             from packer.engines.local import start_pool
 
