@@ -206,7 +206,7 @@ def run_build(
     if is_url(src_text) or is_url(out_text):
         from packer.remote import build_remote
 
-        return build_remote(  # type: ignore[no-any-return]
+        return build_remote(
             src_text,
             out_text,
             lambda s, o: run(options.config(s, o), log=say),

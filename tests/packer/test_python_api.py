@@ -32,6 +32,13 @@ from packer.verify import verify
 from readers import LmdbDataset, RecordIODataset, open_dataset
 from tests.conftest import encode, make_image, write_tree
 
+try:  # the moto S3 server of tests/s3, for the URL test
+    from tests.s3.conftest import bucket, s3_endpoint, s3fs_client  # noqa: F401
+except (ImportError, pytest.skip.Exception):
+    HAVE_S3 = False
+else:
+    HAVE_S3 = True
+
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS = {"lmdb": LmdbDataset, "recordio": RecordIODataset}
 
@@ -119,6 +126,17 @@ def test_build_input_mistakes_raise_packer_errors(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     with pytest.raises(OutputExistsError, match="already exists; pass --overwrite"):
         packer.build(tmp_path / "src", tmp_path / "out", log=lambda msg: None)
+
+
+@pytest.mark.skipif(not HAVE_S3, reason="needs moto and s3fs")
+def test_build_publishes_to_a_url(tmp_path: Path, bucket: str, s3fs_client: Any) -> None:
+    write_tree(tmp_path / "src", {"cat": 2, "dog": 1})
+    lines: list[str] = []
+    summary = packer.build(tmp_path / "src", f"{bucket}/out.lmdb", workers=1, log=lines.append)
+    assert summary.packed == 3
+    assert any(line.startswith("uploaded ") for line in lines), lines
+    assert s3fs_client.exists(f"{bucket}/out.lmdb/meta.json")
+    assert len(open_dataset(f"{bucket}/out.lmdb", cache_dir=tmp_path / "cache")) == 3
 
 
 def test_the_cli_says_what_the_api_raises(tmp_path: Path) -> None:
