@@ -406,3 +406,13 @@ def test_a_writer_dataset_through_a_dataloader(tmp_path: Path) -> None:
     loader = paddle.io.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=as_arrays)
     assert [a.numpy().tobytes() for batch in loader for a in batch] == [d for d, _ in samples]
     assert ds.labels.tolist() == [label for _, label in samples]
+
+
+def test_an_open_writer_holds_the_build_lock(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {"a": 1})
+    out = tmp_path / "out.lmdb"
+    with packer.Writer(out) as w:
+        w.add(np.zeros((3, 3), np.uint8))
+        with pytest.raises(packer.errors.BuildLockedError, match=r"is being built by pid \d+"):
+            packer.build(tmp_path / "src", out, workers=1)
+    assert verify(out) == []
