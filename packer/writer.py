@@ -215,8 +215,6 @@ class Writer:
         workers: int = 1,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        if not isinstance(out, (str, os.PathLike)):
-            raise ConfigError(f"OUT {out!r}: expected a path (str or Path)")
         options = BuildOptions.from_keywords(
             {
                 "format": format,
@@ -232,7 +230,7 @@ class Writer:
             }
         )
         size = options.shard_bytes()
-        self.out = Path(out)
+        self.out = _local_path(out)
         self.config = RepackConfig(self.out, format, size, on_error, overwrite)  # validates
         self.transform = options.transform()
         self.decode_check = decode_check
@@ -578,3 +576,17 @@ def publish_samples(writer: Writer, numbers: list[int], found: list[Problem]) ->
 def _line(obj: dict[str, Any]) -> str:
     """One line of errors.jsonl or warnings.jsonl, as a build writes it."""
     return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+def _local_path(out: Any) -> Path:
+    """OUT as a local `Path`, or a `ConfigError` (not a path, or a URL)."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise ConfigError(f"OUT {out!r}: expected a path (str or Path)")
+    from readers.remote import is_url
+
+    if is_url(os.fspath(out)):
+        raise ConfigError(
+            f"OUT {os.fspath(out)}: a Writer writes a local dataset; give a local path "
+            "(only packer.build publishes to object storage)"
+        )
+    return Path(out)

@@ -375,6 +375,8 @@ def test_writer_mistakes(tmp_path: Path) -> None:
         packer.Writer(tmp_path / "o", classes=["a", "a"])
     with pytest.raises(ConfigError, match=r"shard_size=1.5: expected str or int"):
         packer.Writer(tmp_path / "o", shard_size=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"OUT s3://b/x: a Writer writes a local dataset"):
+        packer.Writer("s3://b/x")
     w = packer.Writer(tmp_path / "o")
     with pytest.raises(SampleTypeError, match=r"the image is a str"):
         w.add("cat.png")
