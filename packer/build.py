@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -398,3 +399,23 @@ def _build(
     summary.seconds = time.perf_counter() - started
     summary.hints = [hint] if hint else []
     return summary
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as ``packer.build(src, out, **options)``: see `packer.api.build`.
+
+    ``packer.build`` names both this module and the Python API's function: importing the
+    module sets the package's attribute to it, so the module is made to run the function
+    when called, and ``packer.build.temp_dir_for`` and the like keep working.
+    """
+
+    def __call__(
+        self, src: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any
+    ) -> BuildSummary:
+        """Run `packer.api.build` (the command line's build as a function)."""
+        from packer.api import build as api_build
+
+        return api_build(src, out, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
