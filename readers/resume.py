@@ -82,6 +82,7 @@ from readers.order import IntArray, check_nonneg
 
 __all__ = [
     "ADDED_IN_2",
+    "REWEIGHTED_STATE_VERSION",
     "SAMPLER_READABLE",
     "SAMPLER_STATE_VERSION",
     "STREAM_READABLE",
@@ -102,7 +103,8 @@ __all__ = [
 ]
 
 SAMPLER_STATE_VERSION = 3
-SAMPLER_READABLE = (1, 2, 3)
+REWEIGHTED_STATE_VERSION = 4
+SAMPLER_READABLE = (1, 2, 3, 4)
 STREAM_READABLE = (1, 2)
 ADDED_IN_2 = {"records_crc32"}  # parameters a version 1 state does not record
 
@@ -186,7 +188,11 @@ def rest_after(
     """The positions of the global order left after `seg` consumed its part of `rest`."""
     base = np.arange(left, dtype=np.int64) if rest is None else rest
     keep = unconsumed_positions(
-        left, world_size=seg.world_size, drop_last=drop_last, consumed=consumed
+        left,
+        world_size=seg.world_size,
+        drop_last=drop_last,
+        consumed=consumed,
+        keep_unplanned=seg.weights is not None,
     )
     return base[keep]
 
@@ -241,9 +247,14 @@ def sampler_state(
     history: Sequence[Segment],
     params: dict[str, Any],
 ) -> dict[str, Any]:
-    """A sampler state of `SAMPLER_STATE_VERSION` (module docstring): plain JSON types only."""
+    """A sampler state (module docstring): plain JSON types only.
+
+    Its version is `SAMPLER_STATE_VERSION`, or `REWEIGHTED_STATE_VERSION` when its history
+    records a change of mixture weights.
+    """
+    changed = any(seg.weights is not None for seg in history)
     state = {
-        "version": SAMPLER_STATE_VERSION,
+        "version": REWEIGHTED_STATE_VERSION if changed else SAMPLER_STATE_VERSION,
         "kind": kind,
         "epoch": int(epoch),
         "world_size": int(world_size),
@@ -262,6 +273,7 @@ def read_sampler_state(
     num_units: int,
     drop_last: bool,
     unit: int = 1,
+    reweight_from: tuple[float, ...] | None = None,
 ) -> SamplerResume:
     """The resume point of a saved sampler state, checked against the sampler's parameters.
 
@@ -275,6 +287,10 @@ def read_sampler_state(
         unit: Positions the state counts per unit: 1, or the batch size of a ``mix="batch"``
             mixture, whose state counts samples while ranks split whole batches. A change of
             world size then needs a position of whole batches.
+        reweight_from: The state's mixture weights when the sampler continues with others
+            (``load_state_dict(state, weights=...)``; `params` then holds the saved weights):
+            the saved stretch is closed as a history entry carrying them, and the rest
+            (every unconsumed unit, :mod:`readers.reweight`) starts at position 0.
 
     Raises:
         ValueError: the state is incomplete, of another version or class, of another dataset,
@@ -308,6 +324,13 @@ def read_sampler_state(
             f"saved position {position} exceeds a rank's {length * unit} "
             f"{'units' if unit == 1 else 'samples'} (world size {saved_size})"
         )
+    if reweight_from is not None:
+        _check_whole_units(
+            int(position), unit, int(saved_size), "the saved position", "change the weights"
+        )
+        seg = Segment(int(saved_size), int(position), weights=reweight_from)
+        rest = rest_after(seg, rest, left, drop_last=drop_last, consumed=seg.position // unit)
+        return SamplerResume(int(epoch), 0, (*history, seg), rest)
     if saved_size == world_size or position == 0:
         return SamplerResume(
             int(epoch), int(position) if saved_size == world_size else 0, history, rest
@@ -318,12 +341,15 @@ def read_sampler_state(
     return SamplerResume(int(epoch), 0, (*history, seg), rest)
 
 
-def _check_whole_units(position: int, unit: int, saved_size: int, what: str) -> None:
+def _check_whole_units(
+    position: int, unit: int, saved_size: int, what: str, to: str = "resume at another world size"
+) -> None:
     """Refuse a position inside a unit (a mix="batch" batch) where ranks re-split the rest."""
     if position % unit:
         raise ValueError(
-            f"cannot resume at another world size: {what} ({position} samples, saved with "
+            f"cannot {to}: {what} ({position} samples, saved with "
             f"world_size={saved_size}) falls inside a mixed batch of {unit}; with mix='batch' "
             f"ranks split whole batches, so save state_dict(consumed_batches=k) (or a multiple "
-            f"of {unit} samples), or resume at world_size={saved_size}"
+            f"of {unit} samples)"
+            + (f", or resume at world_size={saved_size}" if "world size" in to else "")
         )

@@ -1,0 +1,232 @@
+"""New mixture weights at a checkpoint: the rest of a saved epoch drawn with other weights.
+
+Pure functions of the mixture, the epoch and the state's ``history``; no paddle, no I/O. Used by
+``ChunkShuffleSampler.load_state_dict(state, weights=[...])`` (and the batch sampler over it).
+
+**What changes.** An epoch of a mixture is a global order of ``N`` draws (``epoch_samples``;
+with ``mix="batch"`` its whole batches), split over ranks as :mod:`readers.elastic` splits any
+order. Loading a state with new weights ``w'`` ends the saved stretch there:
+
+1. The *consumed* units are those the saved run (and any earlier stretch of the epoch) had
+   consumed on any rank; they keep their samples and their per-source counts.
+2. The *rest* is every other unit of the epoch's ``N``: ``R = N - consumed`` units. This
+   includes the units a ``drop_last`` split had left out, so the epoch keeps its ``N``.
+3. The rest is drawn anew with ``w'``: source ``i`` gives exactly
+   ``readers.mixing.mix_counts(R, w')[i]`` draws (largest remainder over the remaining draws);
+   with ``mix="batch"`` each of the ``R`` remaining batches holds ``mix_counts(batch_size, w')``.
+4. A source's draws are positions of its endless sequence of passes (``readers.mixing``): the
+   epoch started at position ``s_i = epoch * c_i`` (``c_i`` its count under the epoch's first
+   weights); the new draws are the first positions from ``s_i`` on that no consumed unit took.
+   So a consumed sample is not drawn again in the epoch unless the source runs out of samples
+   (a new pass), exactly as within an epoch without a change.
+5. The new draws are chunked and mixed as an epoch is (``interleave_perm`` or ``batch_perm``,
+   window and shuffle as the sampler's), with the generator
+   ``default_rng([seed, epoch, MIX_TAG, REWEIGHT_TAG, k])`` for the ``k``-th change in the
+   epoch, and fill the rest's places of the global order in order. The rest is then split over
+   the ranks now running as an elastic resume splits it (also at the saved world size: every
+   rank's share of the rest starts at position 0).
+
+The state saved afterwards records ``weights = w'`` and, in its ``history``, the closed
+stretch with the weights it ran with (``readers.elastic.Segment.weights``); that is everything
+the epoch's order follows from, so it resumes (elastically, or with yet other weights) and is
+version 4 (``readers.resume``). Later epochs are those of the mixture with ``w'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from readers.elastic import ConsumedInShare, Segment, unconsumed_positions
+from readers.mixing import (
+    MIX_TAG,
+    batch_perm,
+    draws,
+    draws_at,
+    interleave_perm,
+    mix_counts,
+)
+from readers.mixture import Mixture
+from readers.order import IntArray
+
+__all__ = ["REWEIGHT_TAG", "changed_mixtures", "reweighted_order", "tagged_order", "with_weights"]
+
+REWEIGHT_TAG = 0x5257  # "RW": the generator of the draws after a change of weights
+
+Tagged = tuple[IntArray, IntArray, IntArray]
+"""An order as (global ids, source of each, position of each in its source's passes)."""
+
+
+def with_weights(mix: Mixture, weights: Sequence[float]) -> Mixture:
+    """The same mixture with other weights (checked as the constructor checks them)."""
+    return dataclasses.replace(mix, weights=tuple(weights))
+
+
+def changed_mixtures(
+    mix: Mixture | None, state: dict[str, Any], weights: Sequence[float]
+) -> tuple[Mixture, Mixture | None]:
+    """``(new, saved)`` mixtures for ``load_state_dict(state, weights=weights)``.
+
+    ``saved`` is the mixture with the state's weights, or None when they equal the new ones
+    (or the state records none: the usual checks then say what is wrong with it).
+
+    Raises:
+        ValueError: the sampler mixes no sources, or ``weights`` are bad for its mixture.
+    """
+    if mix is None:
+        raise ValueError(
+            "load_state_dict(weights=...) changes the weights of a mixture, but this sampler "
+            "mixes no sources; build it over a readers.ConcatDataset with weights=[...]"
+        )
+    new = with_weights(mix, weights)
+    saved = state.get("weights")
+    if not isinstance(saved, list):
+        return new, None
+    try:
+        old = with_weights(mix, saved)
+    except (ValueError, TypeError):
+        return new, None  # of other sources: the checks of the state report it
+    return new, (None if old.weights == new.weights else old)
+
+
+def tagged_order(mix: Mixture, epoch: int, *, window: int, seed: int, shuffle: bool) -> Tagged:
+    """``mix.order(epoch)`` with the source and pass position of every draw."""
+    counts = mix.counts
+    ids, starts, src, pos = [], [], [], []
+    for i, (s, c) in enumerate(zip(mix.sources, counts.tolist(), strict=True)):
+        local, start = draws(s, count=int(c), seed=seed, source=i, epoch=epoch, shuffle=shuffle)
+        ids.append(local + s.offset)
+        starts.append(start)
+        src.append(np.full(int(c), i, dtype=np.int64))
+        pos.append(int(epoch) * int(c) + np.arange(int(c), dtype=np.int64))
+    rng = np.random.default_rng([int(seed), int(epoch), MIX_TAG])
+    perm = _perm(mix, starts, counts, window=window, rng=rng, shuffle=shuffle)
+    return tuple(np.concatenate(a)[perm] for a in (ids, src, pos))  # type: ignore[return-value]
+
+
+def _perm(
+    mix: Mixture,
+    starts: list[Any],
+    counts: IntArray,
+    *,
+    window: int,
+    rng: np.random.Generator,
+    shuffle: bool,
+) -> IntArray:
+    if mix.mix == "batch":
+        comp = mix.composition
+        nb = int(counts.sum()) // max(int(comp.sum()), 1)
+        return batch_perm(starts, comp, num_batches=nb, window=window, rng=rng, shuffle=shuffle)
+    return interleave_perm(starts, window=window, rng=rng, shuffle=shuffle)
+
+
+def reweighted_order(
+    mix: Mixture,
+    history: Sequence[Segment],
+    *,
+    epoch: int,
+    window: int,
+    seed: int,
+    shuffle: bool,
+    drop_last: bool,
+    unit: int = 1,
+    consumed_of: Callable[[Segment], int | ConsumedInShare] | None = None,
+) -> IntArray:
+    """The global order of ``epoch`` after the changes of weights its ``history`` records.
+
+    Args:
+        mix: The mixture now (its weights are those of the current stretch).
+        history: The epoch's closed stretches, oldest first; those with ``weights`` end in a
+            change of weights.
+        epoch: The epoch.
+        window: Segments per shuffle block.
+        seed: The sampler's seed.
+        shuffle: The sampler's ``shuffle``.
+        drop_last: The sampler's ``drop_last`` (how each stretch split the order).
+        unit: Samples per unit of the split (the batch size with ``mix="batch"``).
+        consumed_of: What a stretch consumed; default its ``position // unit`` of every share.
+
+    Returns:
+        ``mix.order(epoch)`` when nothing changed; else that epoch's order with the places of
+        the rest refilled at each change (module docstring).
+    """
+    marks = [seg.weights for seg in history if seg.weights is not None]
+    if not marks:
+        return mix.order(epoch, window=window, seed=seed, shuffle=shuffle)
+    stretches = [*marks, mix.weights]
+    base = with_weights(mix, marks[0])
+    tagged = tagged_order(base, epoch, window=window, seed=seed, shuffle=shuffle)
+    first = base.counts * int(epoch)
+    rest = np.arange(tagged[0].size // unit, dtype=np.int64)
+    k = 0
+    for seg in history:
+        consumed = seg.position // unit if consumed_of is None else consumed_of(seg)
+        rest = rest[
+            unconsumed_positions(
+                rest.size,
+                world_size=seg.world_size,
+                drop_last=drop_last,
+                consumed=consumed,
+                keep_unplanned=seg.weights is not None,
+            )
+        ]
+        if seg.weights is not None:
+            k += 1
+            new = with_weights(mix, stretches[k])
+            key = [int(seed), int(epoch), MIX_TAG, REWEIGHT_TAG, k]
+            tagged = _refill(
+                tagged,
+                rest,
+                new,
+                first=first,
+                unit=unit,
+                key=key,
+                window=window,
+                seed=seed,
+                shuffle=shuffle,
+            )
+    return tagged[0]
+
+
+def _refill(
+    tagged: Tagged,
+    rest: IntArray,
+    new: Mixture,
+    *,
+    first: IntArray,
+    unit: int,
+    key: list[int],
+    window: int,
+    seed: int,
+    shuffle: bool,
+) -> Tagged:
+    """``tagged`` with the units at ``rest`` drawn anew from ``new`` (module docstring)."""
+    ids, src, pos = tagged
+    places = rest if unit == 1 else (rest[:, None] * unit + np.arange(unit)).ravel()
+    consumed = np.ones(ids.size, dtype=np.bool_)
+    consumed[places] = False
+    if new.mix == "batch":
+        counts = new.composition * rest.size
+    else:
+        counts = mix_counts(int(rest.size), new.weights)
+    parts: list[list[Any]] = [[], [], [], []]
+    for i, s in enumerate(new.sources):
+        c = int(counts[i])
+        taken = np.unique(pos[consumed & (src == i)])
+        cand = int(first[i]) + np.arange(c + taken.size, dtype=np.int64)
+        chosen = cand[~np.isin(cand, taken)][:c]
+        local, start = draws_at(s, chosen, seed=seed, source=i, shuffle=shuffle)
+        values = (local + s.offset, start, np.full(c, i), chosen)
+        for part, value in zip(parts, values, strict=True):
+            part.append(value)
+    rng = np.random.default_rng(key)
+    perm = _perm(new, parts[1], counts, window=window, rng=rng, shuffle=shuffle)
+    out = []
+    for old, part in zip((ids, src, pos), (parts[0], parts[2], parts[3]), strict=True):
+        fresh = old.copy()
+        fresh[places] = np.concatenate(part).astype(np.int64)[perm]
+        out.append(fresh)
+    return out[0], out[1], out[2]

@@ -1,0 +1,252 @@
+"""load_state_dict(state, weights=[...]): new mixture weights at a checkpoint (readers.reweight).
+
+The consumed samples stay consumed; the rest of the epoch (its N draws minus those consumed by
+any rank) is drawn with the new weights, exact largest-remainder counts per source, split over
+the ranks now running; over seeds x saved world sizes x loaded world sizes x mix modes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+
+from readers.concat import ConcatDataset
+from readers.mixing import mix_counts
+from readers.reweight import tagged_order
+from readers.samplers import ChunkShuffleBatchSampler, ChunkShuffleSampler
+from tests.readers.test_elastic_resume import IdDataset
+
+OLD, NEW = (2.0, 1.0), (1.0, 3.0)
+N = 60  # draws per epoch: each source stays inside one pass, so no id may repeat in an epoch
+BATCH = 6
+EPOCH = 1
+SIZES = (1, 2, 3)
+
+
+def _dataset() -> ConcatDataset:
+    """Sources of 120 and 90 samples; items name their global id."""
+    return ConcatDataset(
+        [IdDataset(120, [0, 40, 120], salt=1), IdDataset(90, [0, 50, 90], salt=2, base=120)]
+    )
+
+
+def _make(mix: str, rank: int, world: int, *, weights: Any = OLD, seed: int = 0, **kw: Any) -> Any:
+    args = {"weights": list(weights), "epoch_samples": N, "mix": mix, "chunk_size": 8, "seed": seed}
+    args |= {"rank": rank, "world_size": world} | kw
+    if mix == "batch":
+        return ChunkShuffleBatchSampler(_dataset(), batch_size=BATCH, **args)
+    return ChunkShuffleSampler(_dataset(), **args)
+
+
+def _units(s: Any) -> list[list[int]]:
+    """One pass of a rank: batches (mix="batch") or single samples."""
+    return [list(b) for b in s] if isinstance(s, ChunkShuffleBatchSampler) else [[i] for i in s]
+
+
+def _save(s: Any, k: int) -> dict[str, Any]:
+    if isinstance(s, ChunkShuffleBatchSampler):
+        return s.state_dict(consumed_batches=k)  # type: ignore[no-any-return]
+    return s.state_dict(consumed_samples=k)  # type: ignore[no-any-return]
+
+
+def _source(ids: list[int]) -> list[int]:
+    return np.bincount(np.asarray(ids) >= 120, minlength=2).tolist()  # type: ignore[no-any-return]
+
+
+def _consume(mix: str, saved: int, seed: int, k: int) -> tuple[dict[str, Any], Counter[int]]:
+    """`saved` ranks each consume `k` units of epoch EPOCH; rank 0's state and the ids taken."""
+    ranks = [_make(mix, r, saved, seed=seed) for r in range(saved)]
+    consumed: Counter[int] = Counter()
+    for s in ranks:
+        s.set_epoch(EPOCH)
+        consumed.update(i for u in _units(s)[:k] for i in u)
+    return json.loads(json.dumps(_save(ranks[0], k))), consumed
+
+
+def _rest(mix: str, state: dict[str, Any], loaded: int, **kw: Any) -> list[list[list[int]]]:
+    out = []
+    for r in range(loaded):
+        s = _make(mix, r, loaded, **kw)
+        s.load_state_dict(state, weights=list(NEW))
+        out.append(_units(s))
+    return out
+
+
+@pytest.mark.parametrize("mix", ["epoch", "batch"])
+@pytest.mark.parametrize("loaded", SIZES)
+@pytest.mark.parametrize("saved", SIZES)
+@pytest.mark.parametrize("seed", [0, 7])
+def test_rest_is_drawn_with_the_new_weights_and_never_repeats_a_consumed_sample(
+    seed: int, saved: int, loaded: int, mix: str
+) -> None:
+    unit = BATCH if mix == "batch" else 1
+    per_rank = -(-(N // unit) // saved)
+    k = max(1, per_rank // 3)
+    state, consumed = _consume(mix, saved, seed, k)
+    assert max(consumed.values()) == 1
+    rests = _rest(mix, state, loaded, seed=seed)
+    assert len({len(r) for r in rests}) == 1, "every rank yields the same number of units"
+    joined = [u for r in rests for u in r]  # the rest, then padding that repeats its start
+    left = (N - consumed.total()) // unit  # units of the epoch nobody consumed
+    rest, pad = joined[:left], joined[left:]
+    assert pad == rest[: len(pad)] and len(pad) < loaded
+    ids = [i for u in rest for i in u]
+    assert not set(ids) & set(consumed), "a consumed sample is never drawn again"
+    assert len(set(ids)) == len(ids) == N - consumed.total()
+    if mix == "batch":
+        comp = mix_counts(BATCH, NEW).tolist()
+        assert all(_source(u) == comp for u in rest), "every batch holds the new counts"
+    else:
+        assert _source(ids) == mix_counts(left, NEW).tolist(), "exact largest remainder"
+
+
+@pytest.mark.parametrize("mix", ["epoch", "batch"])
+@pytest.mark.parametrize(("saved", "loaded"), [(2, 3), (3, 2), (2, 2)])
+def test_drop_last_keeps_the_epoch_total_and_drops_only_the_split_remainder(
+    mix: str, saved: int, loaded: int
+) -> None:
+    """With drop_last the units the saved split left out are drawn anew too (N stays); the
+    new split drops fewer than `loaded` units of the rest."""
+    unit = BATCH if mix == "batch" else 1
+    ranks = [_make(mix, r, saved, drop_last=True) for r in range(saved)]
+    consumed: Counter[int] = Counter()
+    for s in ranks:
+        s.set_epoch(EPOCH)
+        consumed.update(i for u in _units(s)[:2] for i in u)
+    state = _save(ranks[0], 2)
+    rests = [u for r in _rest(mix, state, loaded, drop_last=True) for u in r]
+    ids = [i for u in rests for i in u]
+    left = (N - consumed.total()) // unit
+    assert left - loaded < len(rests) <= left
+    assert not set(ids) & set(consumed) and len(set(ids)) == len(ids)
+    (one,) = _rest(mix, state, 1, drop_last=True)  # one rank: the whole rest, in order
+    assert len(one) == left
+    assert ids == [i for u in one[: len(rests)] for i in u], "the rest's order, cut to shares"
+
+
+@pytest.mark.parametrize("mix", ["epoch", "batch"])
+def test_a_state_saved_after_the_change_resumes_elastically_and_later_epochs_use_new_weights(
+    mix: str,
+) -> None:
+    unit = BATCH if mix == "batch" else 1
+    state, consumed = _consume(mix, 2, 3, 2)
+    first = [_make(mix, r, 3, seed=3) for r in range(3)]
+    for s in first:
+        s.load_state_dict(state, weights=list(NEW))
+    rests = [_units(s) for s in first]
+    for units in rests:
+        consumed.update(i for u in units[:1] for i in u)
+    again = json.loads(json.dumps(_save(first[0], 1)))
+    assert again["version"] == 4 and again["weights"] == list(NEW)
+    assert again["history"] == [{"world_size": 2, "position": 2 * unit, "weights": list(OLD)}]
+    # A sampler built with the new weights loads it without weights=, at another size.
+    second = [_make(mix, r, 2, weights=NEW, seed=3) for r in range(2)]
+    for s in second:
+        s.load_state_dict(again)
+    got = [i for s in second for u in _units(s) for i in u]
+    expected = {i for units in rests for u in units for i in u} - set(consumed)
+    left = (N - consumed.total()) // unit
+    assert len(expected) == left * unit
+    assert Counter(got[: left * unit]) == Counter(expected), "exactly the rest of the rest"
+    # Later epochs are those of a sampler built with the new weights.
+    for s, fresh in zip(second, [_make(mix, r, 2, weights=NEW, seed=3) for r in range(2)]):
+        s.set_epoch(EPOCH + 1)
+        fresh.set_epoch(EPOCH + 1)
+        assert _units(s) == _units(fresh)
+
+
+def test_without_weights_a_state_of_other_weights_is_refused() -> None:
+    state, _ = _consume("epoch", 2, 0, 3)
+    s = _make("epoch", 0, 2, weights=NEW)
+    with pytest.raises(
+        ValueError, match=r"different parameters \(.*weights: saved \[2\.0, 1\.0\], now \[1\.0, 3"
+    ):
+        s.load_state_dict(state)
+
+
+def test_the_saved_weights_again_is_a_plain_resume() -> None:
+    """weights= equal to the saved ones continues every rank's share where it stopped."""
+    state, _ = _consume("epoch", 2, 0, 5)
+    plain, same = _make("epoch", 1, 2), _make("epoch", 1, 2, weights=NEW)
+    plain.load_state_dict(state)
+    same.load_state_dict(state, weights=list(OLD))
+    assert same.start_position == 5 and same.mixture.weights == OLD
+    assert list(same) == list(plain)
+    assert same.state_dict(consumed_samples=5)["version"] == 3
+
+
+def test_bad_requests_are_clear_errors() -> None:
+    state, _ = _consume("batch", 2, 0, 1)
+    s = _make("batch", 0, 2).sampler
+    inside = s.state_dict(consumed_samples=3)
+    with pytest.raises(ValueError, match=r"cannot change the weights: the saved position \(3 "):
+        _make("batch", 0, 2).load_state_dict(inside, weights=list(NEW))
+    with pytest.raises(ValueError, match=r"mix='batch': weights \[1\.0, 100\.0\] give source 0"):
+        _make("batch", 0, 2).load_state_dict(state, weights=[1, 100])
+    with pytest.raises(ValueError, match=r"one entry per source \(2 sources\), got 3"):
+        _make("batch", 0, 2).load_state_dict(state, weights=[1, 1, 1])
+    plain = ChunkShuffleSampler(_dataset(), rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"this sampler mixes no sources"):
+        plain.load_state_dict(plain.state_dict(), weights=[1, 1])
+
+
+@pytest.mark.parametrize("mix", ["epoch", "batch"])
+def test_tagged_order_is_the_mixture_order(mix: str) -> None:
+    s = _make(mix, 0, 1)
+    m = (s.sampler if mix == "batch" else s).mixture
+    for epoch in range(3):
+        ids, src, pos = tagged_order(m, epoch, window=8, seed=4, shuffle=True)
+        assert ids.tolist() == m.order(epoch, window=8, seed=4, shuffle=True).tolist()
+        assert (src == (ids >= 120)).all()
+        assert Counter(src.tolist()) == Counter(dict(enumerate(m.counts.tolist())))
+
+
+def test_reweight_through_a_paddle_dataloader_with_workers() -> None:
+    """2 ranks consume 3 batches each through DataLoaders with 2 workers; 3 ranks continue
+    with new weights: the rest is the unconsumed draws, in the new proportions."""
+    paddle = pytest.importorskip("paddle")
+
+    class Source(paddle.io.Dataset):  # type: ignore[misc,name-defined]
+        def __init__(self, inner: IdDataset) -> None:
+            super().__init__()
+            self.inner = inner
+            self.shard_bounds = inner.shard_bounds
+            self.index = inner.index
+
+        def __len__(self) -> int:
+            return self.inner.n
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+            return np.array([self.inner[i][0]]), np.array([0])
+
+    ds = ConcatDataset([Source(d) for d in _dataset().datasets])
+
+    def batches(sampler: Any, stop: int | None = None) -> list[int]:
+        loader = paddle.io.DataLoader(ds, batch_sampler=sampler, num_workers=2)
+        out = []
+        for j, (ids, _) in enumerate(loader):
+            if j == stop:
+                break
+            out.extend(ids.numpy()[:, 0].tolist())
+        return out
+
+    def make(rank: int, world: int) -> ChunkShuffleBatchSampler:
+        return ChunkShuffleBatchSampler(
+            ds, batch_size=4, weights=list(OLD), epoch_samples=N, seed=2, rank=rank,
+            world_size=world,
+        )  # fmt: skip
+
+    saved = [make(r, 2) for r in range(2)]
+    consumed = Counter(i for s in saved for i in batches(s, stop=3))
+    state = json.loads(json.dumps(saved[0].state_dict(consumed_batches=3)))
+    resumed = [make(r, 3) for r in range(3)]
+    for s in resumed:
+        s.load_state_dict(state, weights=list(NEW))
+    got = [i for s in resumed for i in batches(s)]
+    left = N - consumed.total()
+    assert len(got) == left and not set(got) & set(consumed) and len(set(got)) == left
+    assert _source(got) == mix_counts(left, NEW).tolist()
