@@ -66,16 +66,19 @@ def with_weights(mix: Mixture, weights: Sequence[float]) -> Mixture:
 
 
 def changed_mixtures(
-    mix: Mixture | None, state: dict[str, Any], weights: Sequence[float]
-) -> tuple[Mixture, Mixture | None]:
+    mix: Mixture | None, state: dict[str, Any], weights: Sequence[float] | None
+) -> tuple[Mixture | None, Mixture | None]:
     """``(new, saved)`` mixtures for ``load_state_dict(state, weights=weights)``.
 
-    ``saved`` is the mixture with the state's weights, or None when they equal the new ones
-    (or the state records none: the usual checks then say what is wrong with it).
+    ``new`` is ``mix`` with ``weights`` (``mix`` itself without them); ``saved`` is the
+    mixture with the state's weights, or None when they equal the new ones (or without
+    ``weights``, or when the state records none: the usual checks then say what is wrong).
 
     Raises:
         ValueError: the sampler mixes no sources, or ``weights`` are bad for its mixture.
     """
+    if weights is None:
+        return mix, None
     if mix is None:
         raise ValueError(
             "load_state_dict(weights=...) changes the weights of a mixture, but this sampler "

@@ -216,16 +216,7 @@ class ChunkShuffleSampler(RankedEpochs):
                     self._bounds, epoch=epoch, window=self._window, ids=self._ids
                 )
             elif self._rest is not None and epoch == self._epoch:  # after an elastic load
-                order = reweighted_order(
-                    self._mix,
-                    self._history,
-                    epoch=epoch,
-                    window=self._window,
-                    seed=self._seed,
-                    shuffle=self._shuffle,
-                    drop_last=self._drop_last,
-                    unit=self._unit,
-                )
+                order = _mixed_order(self, self._mix, epoch)
                 share = self._share_of(order, epoch)
             else:
                 share = self._mix.rank_share(epoch, window=self._window, **self._split_args())
@@ -341,21 +332,17 @@ class ChunkShuffleSampler(RankedEpochs):
 
         Args:
             state: As ``state_dict`` saved it.
-            weights: A mixture's new weights, for the rest of the saved epoch and the epochs
-                after: the consumed samples stay consumed, the other ``N - consumed`` draws of
-                the epoch are drawn anew, source ``i`` exactly its largest-remainder share of
-                them, and split over the ranks as an elastic resume splits them (positions
-                count from 0; :mod:`readers.reweight`). Without it, a state saved with other
-                weights is refused.
+            weights: A mixture's new weights for the rest of the saved epoch and later epochs:
+                the consumed samples stay consumed, the epoch's other draws are drawn anew by
+                these weights and split over the ranks as an elastic resume splits them
+                (:mod:`readers.reweight`). Without it, a state of other weights is refused.
 
         Raises:
             ValueError: the state is incomplete, of another dataset or selection of samples,
                 or was saved with other order parameters (the order would differ, so resuming
                 would repeat some samples and skip others); or ``weights`` are bad.
         """
-        mix, saved = self._mix, None
-        if weights is not None:
-            mix, saved = changed_mixtures(self._mix, state, weights)
+        mix, saved = changed_mixtures(self._mix, state, weights)
         r = read_sampler_state(
             state,
             self._params(saved or mix),
@@ -366,15 +353,29 @@ class ChunkShuffleSampler(RankedEpochs):
             unit=self._unit,
             reweight_from=None if saved is None else saved.weights,
         )
-        if mix is not self._mix and mix is not None:
+        if mix is not self._mix and mix is not None:  # new weights: new counts, chunk mean
             self._mix, self._chunk_size = mix, mix.mean_chunk_size()
             self._lookahead = lookahead_samples(
-                self._dataset, chunk_size=self._chunk_size, window=self._window
+                self._dataset, chunk_size=mix.mean_chunk_size(), window=self._window
             )
         self._set_history(r.epoch, r.history, r.rest)
         self._offset = r.position
         self._pass = None
         self._cache = None
+
+
+def _mixed_order(s: ChunkShuffleSampler, mix: Mixture, epoch: int) -> IntArray:
+    """The global order of a mixture's ``epoch``, after any change of weights in its history."""
+    return reweighted_order(
+        mix,
+        s.history if epoch == s.epoch else (),
+        epoch=epoch,
+        window=s._window,
+        seed=s._seed,
+        shuffle=s._shuffle,
+        drop_last=s._drop_last,
+        unit=s._unit,
+    )
 
 
 class ChunkShuffleBatchSampler:
