@@ -105,7 +105,7 @@ __all__ = [
 SAMPLER_STATE_VERSION = 3
 REWEIGHTED_STATE_VERSION = 4
 SAMPLER_READABLE = (1, 2, 3, 4)
-STREAM_READABLE = (1, 2)
+STREAM_READABLE = (1, 2, 3)
 ADDED_IN_2 = {"records_crc32"}  # parameters a version 1 state does not record
 
 # Parameters that describe the dataset rather than the order: a mismatch in one of them means

@@ -18,7 +18,8 @@ from readers.concat import ConcatDataset
 from readers.mixing import mix_counts
 from readers.reweight import tagged_order
 from readers.samplers import ChunkShuffleBatchSampler, ChunkShuffleSampler
-from tests.readers.test_elastic_resume import IdDataset
+from readers.stream import ShardStream
+from tests.readers.test_elastic_resume import STREAM_LOADER, IdDataset, _stream_units
 
 OLD, NEW = (2.0, 1.0), (1.0, 3.0)
 N = 60  # draws per epoch: each source stays inside one pass, so no id may repeat in an epoch
@@ -192,6 +193,47 @@ def test_bad_requests_are_clear_errors() -> None:
     plain = ChunkShuffleSampler(_dataset(), rank=0, world_size=1)
     with pytest.raises(ValueError, match=r"this sampler mixes no sources"):
         plain.load_state_dict(plain.state_dict(), weights=[1, 1])
+
+
+def _stream(rank: int, world: int, seed: int, weights: Any = OLD) -> ShardStream:
+    return ShardStream(
+        _dataset().datasets,
+        weights=list(weights),
+        epoch_samples=N,
+        shuffle_buffer=16,
+        chunk_size=8,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+    )
+
+
+@pytest.mark.parametrize("loaded", SIZES)
+@pytest.mark.parametrize("saved", SIZES)
+@pytest.mark.parametrize("seed", [0, 5])
+def test_shard_stream_rest_is_drawn_with_the_new_weights(
+    seed: int, saved: int, loaded: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ShardStream(weights=...): each saved rank's loader (2 workers, batches of 5) yielded 2
+    batches; the loaded ranks' loaders yield exactly the other draws, in the new counts."""
+    consumed: Counter[int] = Counter()
+    ranks = [_stream(r, saved, seed) for r in range(saved)]
+    for s in ranks:
+        s.set_epoch(EPOCH)
+        consumed.update(i for b in _stream_units(s, monkeypatch)[:2] for i in b)
+    state = ranks[0].state_dict(consumed_batches=2, loader=STREAM_LOADER)
+    got: Counter[int] = Counter()
+    for r in range(loaded):
+        s = _stream(r, loaded, seed)
+        s.load_state_dict(json.loads(json.dumps(state)), weights=list(NEW))
+        got.update(i for b in _stream_units(s, monkeypatch, workers=1 + r % 2) for i in b)
+    left = N - consumed.total()
+    assert not set(got) & set(consumed) and len(got) == left, "the unconsumed draws, each"
+    assert got.total() - left < loaded, "repeats only as padding"
+    assert _source(list(got)) == mix_counts(left, NEW).tolist()
+    again = s.state_dict(consumed_samples=0)
+    assert again["version"] == 3 and again["weights"] == list(NEW)
+    assert again["history"][-1]["weights"] == list(OLD)
 
 
 @pytest.mark.parametrize("mix", ["epoch", "batch"])
