@@ -16,9 +16,10 @@ order. Loading a state with new weights ``w'`` ends the saved stretch there:
    with ``mix="batch"`` each of the ``R`` remaining batches holds ``mix_counts(batch_size, w')``.
 4. A source's draws are positions of its endless sequence of passes (``readers.mixing``): the
    epoch started at position ``s_i = epoch * c_i`` (``c_i`` its count under the epoch's first
-   weights); the new draws are the first positions from ``s_i`` on that no consumed unit took.
-   So a consumed sample is not drawn again in the epoch unless the source runs out of samples
-   (a new pass), exactly as within an epoch without a change.
+   weights). The new draws are the first positions from ``s_i`` on, skipping for each
+   consumed sample its first occurrence there (as often as it was consumed). So a consumed
+   sample is not drawn again in the epoch unless the source runs out of samples (a new
+   pass), exactly as within an epoch without a change.
 5. The new draws are chunked and mixed as an epoch is (``interleave_perm`` or ``batch_perm``,
    window and shuffle as the sampler's), with the generator
    ``default_rng([seed, epoch, MIX_TAG, REWEIGHT_TAG, k])`` for the ``k``-th change in the
@@ -39,12 +40,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from readers.elastic import ConsumedInShare, Segment, unconsumed_positions
 from readers.mixing import (
     MIX_TAG,
     batch_perm,
-    draws,
     draws_at,
     interleave_perm,
     mix_counts,
@@ -52,12 +53,9 @@ from readers.mixing import (
 from readers.mixture import Mixture
 from readers.order import IntArray
 
-__all__ = ["REWEIGHT_TAG", "changed_mixtures", "reweighted_order", "tagged_order", "with_weights"]
+__all__ = ["REWEIGHT_TAG", "changed_mixtures", "new_draws", "reweighted_order", "with_weights"]
 
 REWEIGHT_TAG = 0x5257  # "RW": the generator of the draws after a change of weights
-
-Tagged = tuple[IntArray, IntArray, IntArray]
-"""An order as (global ids, source of each, position of each in its source's passes)."""
 
 
 def with_weights(mix: Mixture, weights: Sequence[float]) -> Mixture:
@@ -93,21 +91,6 @@ def changed_mixtures(
     except (ValueError, TypeError):
         return new, None  # of other sources: the checks of the state report it
     return new, (None if old.weights == new.weights else old)
-
-
-def tagged_order(mix: Mixture, epoch: int, *, window: int, seed: int, shuffle: bool) -> Tagged:
-    """``mix.order(epoch)`` with the source and pass position of every draw."""
-    counts = mix.counts
-    ids, starts, src, pos = [], [], [], []
-    for i, (s, c) in enumerate(zip(mix.sources, counts.tolist(), strict=True)):
-        local, start = draws(s, count=int(c), seed=seed, source=i, epoch=epoch, shuffle=shuffle)
-        ids.append(local + s.offset)
-        starts.append(start)
-        src.append(np.full(int(c), i, dtype=np.int64))
-        pos.append(int(epoch) * int(c) + np.arange(int(c), dtype=np.int64))
-    rng = np.random.default_rng([int(seed), int(epoch), MIX_TAG])
-    perm = _perm(mix, starts, counts, window=window, rng=rng, shuffle=shuffle)
-    return tuple(np.concatenate(a)[perm] for a in (ids, src, pos))  # type: ignore[return-value]
 
 
 def _perm(
@@ -161,9 +144,9 @@ def reweighted_order(
         return mix.order(epoch, window=window, seed=seed, shuffle=shuffle)
     stretches = [*marks, mix.weights]
     base = with_weights(mix, marks[0])
-    tagged = tagged_order(base, epoch, window=window, seed=seed, shuffle=shuffle)
+    order = base.order(epoch, window=window, seed=seed, shuffle=shuffle)
     first = base.counts * int(epoch)
-    rest = np.arange(tagged[0].size // unit, dtype=np.int64)
+    rest = np.arange(order.size // unit, dtype=np.int64)
     k = 0
     for seg in history:
         consumed = seg.position // unit if consumed_of is None else consumed_of(seg)
@@ -179,57 +162,65 @@ def reweighted_order(
         if seg.weights is not None:
             k += 1
             new = with_weights(mix, stretches[k])
-            key = [int(seed), int(epoch), MIX_TAG, REWEIGHT_TAG, k]
-            tagged = _refill(
-                tagged,
-                rest,
-                new,
-                first=first,
-                unit=unit,
-                key=key,
-                window=window,
-                seed=seed,
-                shuffle=shuffle,
+            places = rest if unit == 1 else (rest[:, None] * unit + np.arange(unit)).ravel()
+            taken = np.ones(order.size, dtype=np.bool_)
+            taken[places] = False
+            if new.mix == "batch":
+                counts = new.composition * rest.size
+            else:
+                counts = mix_counts(int(rest.size), new.weights)
+            parts = new_draws(new, order[taken], counts, first=first, seed=seed, shuffle=shuffle)
+            rng = np.random.default_rng([int(seed), int(epoch), MIX_TAG, REWEIGHT_TAG, k])
+            perm = _perm(
+                new, [p[1] for p in parts], counts, window=window, rng=rng, shuffle=shuffle
             )
-    return tagged[0]
+            order = order.copy()
+            order[places] = np.concatenate([p[0] for p in parts])[perm]
+    return order
 
 
-def _refill(
-    tagged: Tagged,
-    rest: IntArray,
+def new_draws(
     new: Mixture,
+    consumed: IntArray,
+    counts: IntArray,
     *,
     first: IntArray,
-    unit: int,
-    key: list[int],
-    window: int,
     seed: int,
     shuffle: bool,
-) -> Tagged:
-    """``tagged`` with the units at ``rest`` drawn anew from ``new`` (module docstring)."""
-    ids, src, pos = tagged
-    places = rest if unit == 1 else (rest[:, None] * unit + np.arange(unit)).ravel()
-    consumed = np.ones(ids.size, dtype=np.bool_)
-    consumed[places] = False
-    if new.mix == "batch":
-        counts = new.composition * rest.size
-    else:
-        counts = mix_counts(int(rest.size), new.weights)
-    parts: list[list[Any]] = [[], [], [], []]
+) -> list[tuple[IntArray, npt.NDArray[np.bool_]]]:
+    """Every source's draws of the rest of an epoch: ``(global ids, segment starts)``.
+
+    Source ``i`` gives ``counts[i]`` draws: the first positions of its passes from
+    ``first[i]`` on, skipping, for every consumed sample of it, its first occurrence(s) there
+    (as many as ``consumed`` holds it): the module docstring's step 4.
+    """
+    offsets = np.array([s.offset for s in new.sources], dtype=np.int64)
+    of = np.searchsorted(offsets, consumed, side="right") - 1
+    out = []
     for i, s in enumerate(new.sources):
         c = int(counts[i])
-        taken = np.unique(pos[consumed & (src == i)])
-        cand = int(first[i]) + np.arange(c + taken.size, dtype=np.int64)
-        chosen = cand[~np.isin(cand, taken)][:c]
-        local, start = draws_at(s, chosen, seed=seed, source=i, shuffle=shuffle)
-        values = (local + s.offset, start, np.full(c, i), chosen)
-        for part, value in zip(parts, values, strict=True):
-            part.append(value)
-    rng = np.random.default_rng(key)
-    perm = _perm(new, parts[1], counts, window=window, rng=rng, shuffle=shuffle)
-    out = []
-    for old, part in zip((ids, src, pos), (parts[0], parts[2], parts[3]), strict=True):
-        fresh = old.copy()
-        fresh[places] = np.concatenate(part).astype(np.int64)[perm]
-        out.append(fresh)
-    return out[0], out[1], out[2]
+        mine = np.sort(consumed[of == i] - s.offset)
+        cand = int(first[i]) + np.arange(c + mine.size, dtype=np.int64)
+        local, _ = draws_at(s, cand, seed=seed, source=i, shuffle=shuffle)
+        skip = _occurrence(local) < _count_in(mine, local)
+        chosen = cand[~skip][:c]
+        ids, starts = draws_at(s, chosen, seed=seed, source=i, shuffle=shuffle)
+        out.append((ids + s.offset, starts))
+    return out
+
+
+def _occurrence(values: IntArray) -> IntArray:
+    """For each entry, how many equal entries come before it."""
+    order = np.argsort(values, kind="stable")
+    sv = values[order]
+    first = np.searchsorted(sv, sv, side="left")
+    occ = np.empty(values.size, dtype=np.int64)
+    occ[order] = np.arange(values.size, dtype=np.int64) - first
+    return occ
+
+
+def _count_in(sorted_values: IntArray, values: IntArray) -> IntArray:
+    """How often each of ``values`` occurs in ``sorted_values``."""
+    hi = np.searchsorted(sorted_values, values, side="right")
+    lo = np.searchsorted(sorted_values, values, side="left")
+    return (hi - lo).astype(np.int64)

@@ -16,7 +16,6 @@ import pytest
 
 from readers.concat import ConcatDataset
 from readers.mixing import mix_counts
-from readers.reweight import tagged_order
 from readers.samplers import ChunkShuffleBatchSampler, ChunkShuffleSampler
 from readers.stream import ShardStream
 from tests.readers.test_elastic_resume import STREAM_LOADER, IdDataset, _stream_units
@@ -234,17 +233,6 @@ def test_shard_stream_rest_is_drawn_with_the_new_weights(
     again = s.state_dict(consumed_samples=0)
     assert again["version"] == 3 and again["weights"] == list(NEW)
     assert again["history"][-1]["weights"] == list(OLD)
-
-
-@pytest.mark.parametrize("mix", ["epoch", "batch"])
-def test_tagged_order_is_the_mixture_order(mix: str) -> None:
-    s = _make(mix, 0, 1)
-    m = (s.sampler if mix == "batch" else s).mixture
-    for epoch in range(3):
-        ids, src, pos = tagged_order(m, epoch, window=8, seed=4, shuffle=True)
-        assert ids.tolist() == m.order(epoch, window=8, seed=4, shuffle=True).tolist()
-        assert (src == (ids >= 120)).all()
-        assert Counter(src.tolist()) == Counter(dict(enumerate(m.counts.tolist())))
 
 
 def test_reweight_through_a_paddle_dataloader_with_workers() -> None:
