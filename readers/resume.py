@@ -63,7 +63,7 @@ keys.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +274,7 @@ def read_sampler_state(
     drop_last: bool,
     unit: int = 1,
     reweight_from: tuple[float, ...] | None = None,
+    rest_of: Callable[[tuple[Segment, ...]], IntArray | None] | None = None,
 ) -> SamplerResume:
     """The resume point of a saved sampler state, checked against the sampler's parameters.
 
@@ -291,6 +292,8 @@ def read_sampler_state(
             (``load_state_dict(state, weights=...)``; `params` then holds the saved weights):
             the saved stretch is closed as a history entry carrying them, and the rest
             (every unconsumed unit, :mod:`readers.reweight`) starts at position 0.
+        rest_of: The rest of the epoch after a history (default `rest_positions`), for a
+            sampler whose change of weights changes the number of units (buckets).
 
     Raises:
         ValueError: the state is incomplete, of another version or class, of another dataset,
@@ -314,9 +317,12 @@ def read_sampler_state(
     history = saved_history(state, stream=False)
     for seg in history:
         _check_whole_units(seg.position, unit, seg.world_size, "a history entry's position")
-    rest = rest_positions(
-        num_units, history, drop_last=drop_last, consumed_of=lambda seg: seg.position // unit
-    )
+    if rest_of is None:
+        rest = rest_positions(
+            num_units, history, drop_last=drop_last, consumed_of=lambda seg: seg.position // unit
+        )
+    else:
+        rest = rest_of(history)
     left = num_units if rest is None else rest.size
     length = rank_length(left, int(saved_size), drop_last)
     if position > length * unit:
@@ -329,6 +335,8 @@ def read_sampler_state(
             int(position), unit, int(saved_size), "the saved position", "change the weights"
         )
         seg = Segment(int(saved_size), int(position), weights=reweight_from)
+        if rest_of is not None:
+            return SamplerResume(int(epoch), 0, (*history, seg), rest_of((*history, seg)))
         rest = rest_after(seg, rest, left, drop_last=drop_last, consumed=seg.position // unit)
         return SamplerResume(int(epoch), 0, (*history, seg), rest)
     if saved_size == world_size or position == 0:

@@ -47,13 +47,24 @@ from readers.mixing import (
     MIX_TAG,
     batch_perm,
     draws_at,
+    epoch_draws,
     interleave_perm,
     mix_counts,
 )
 from readers.mixture import Mixture
 from readers.order import IntArray
 
-__all__ = ["REWEIGHT_TAG", "changed_mixtures", "new_draws", "reweighted_order", "with_weights"]
+__all__ = [
+    "REWEIGHT_TAG",
+    "changed_mixtures",
+    "new_draws",
+    "reweighted_batches",
+    "reweighted_order",
+    "with_weights",
+]
+
+Batches = tuple[IntArray, IntArray, IntArray]
+"""A bucket sampler's epoch: ``(flat, bounds, batch_bucket)`` (``readers.bucket_order``)."""
 
 REWEIGHT_TAG = 0x5257  # "RW": the generator of the draws after a change of weights
 
@@ -187,8 +198,8 @@ def new_draws(
     first: IntArray,
     seed: int,
     shuffle: bool,
-) -> list[tuple[IntArray, npt.NDArray[np.bool_]]]:
-    """Every source's draws of the rest of an epoch: ``(global ids, segment starts)``.
+) -> list[tuple[IntArray, npt.NDArray[np.bool_], IntArray]]:
+    """Every source's draws of the rest of an epoch: ``(global ids, segment starts, passes)``.
 
     Source ``i`` gives ``counts[i]`` draws: the first positions of its passes from
     ``first[i]`` on, skipping, for every consumed sample of it, its first occurrence(s) there
@@ -205,7 +216,7 @@ def new_draws(
         skip = _occurrence(local) < _count_in(mine, local)
         chosen = cand[~skip][:c]
         ids, starts = draws_at(s, chosen, seed=seed, source=i, shuffle=shuffle)
-        out.append((ids + s.offset, starts))
+        out.append((ids + s.offset, starts, chosen // max(s.size, 1)))
     return out
 
 
@@ -224,3 +235,75 @@ def _count_in(sorted_values: IntArray, values: IntArray) -> IntArray:
     hi = np.searchsorted(sorted_values, values, side="right")
     lo = np.searchsorted(sorted_values, values, side="left")
     return (hi - lo).astype(np.int64)
+
+
+def reweighted_batches(
+    mix: Mixture,
+    history: Sequence[Segment],
+    *,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    drop_last: bool,
+    batches: Callable[[IntArray, int], Batches],
+) -> tuple[Batches, IntArray | None]:
+    """A bucket sampler's batches of ``epoch`` after its ``history``, and the rest's positions.
+
+    At a change of weights the consumed batches stay, in their order, and the rest of the
+    epoch's draws (``N`` minus the samples of the consumed batches) is drawn with the next
+    weights (`new_draws`) and bucketed anew (``batches(members, seed)`` with a seed of its own)
+    into batches that follow them: the rest is then those batches.
+
+    Args:
+        mix: The mixture now (its weights are those after the last change).
+        history: The epoch's closed stretches, oldest first.
+        epoch: The epoch.
+        seed: The sampler's seed.
+        shuffle: The sampler's ``shuffle``.
+        drop_last: The sampler's ``drop_last``.
+        batches: Buckets members (global ids grouped by source and pass, ascending inside a
+            pass, as ``readers.mixing.epoch_draws``) into batches, from a seed.
+
+    Returns:
+        The batches, and the positions of the rest (None without a history).
+    """
+    marks = [seg.weights for seg in history if seg.weights is not None]
+    stretches = [*marks, mix.weights]
+    base = with_weights(mix, stretches[0])
+    members = epoch_draws(base.sources, base.counts, seed=seed, epoch=epoch, shuffle=shuffle)
+    flat, bounds, bucket = batches(members, seed)
+    if not history:
+        return (flat, bounds, bucket), None
+    first = base.counts * int(epoch)
+    rest = np.arange(bucket.size, dtype=np.int64)
+    k = 0
+    for seg in history:
+        rest = rest[
+            unconsumed_positions(
+                rest.size,
+                world_size=seg.world_size,
+                drop_last=drop_last,
+                consumed=seg.position,
+                keep_unplanned=seg.weights is not None,
+            )
+        ]
+        if seg.weights is None:
+            continue
+        k += 1
+        new = with_weights(mix, stretches[k])
+        kept = np.ones(bucket.size, dtype=np.bool_)
+        kept[rest] = False
+        keep = np.flatnonzero(kept)
+        sizes = np.diff(bounds)[keep]
+        pos = np.repeat(bounds[keep] - (np.cumsum(sizes) - sizes), sizes)
+        consumed = flat[pos + np.arange(int(sizes.sum()), dtype=np.int64)]
+        counts = mix_counts(new.num_ordered - consumed.size, new.weights)
+        parts = new_draws(new, consumed, counts, first=first, seed=seed, shuffle=shuffle)
+        grouped = [ids[np.lexsort((ids, passes))] for ids, _, passes in parts]
+        key = np.random.SeedSequence([int(seed), int(epoch), MIX_TAG, REWEIGHT_TAG, k])
+        f2, b2, k2 = batches(np.concatenate(grouped), int(key.generate_state(1)[0]))
+        flat = np.concatenate([consumed, f2])
+        bounds = np.concatenate([[0], np.cumsum(sizes), consumed.size + b2[1:]]).astype(np.int64)
+        bucket = np.concatenate([bucket[keep], k2])
+        rest = keep.size + np.arange(k2.size, dtype=np.int64)
+    return (flat, bounds, bucket), rest

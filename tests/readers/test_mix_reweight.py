@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from readers.buckets import BucketBatchSampler
 from readers.concat import ConcatDataset
 from readers.mixing import mix_counts
 from readers.samplers import ChunkShuffleBatchSampler, ChunkShuffleSampler
@@ -233,6 +234,57 @@ def test_shard_stream_rest_is_drawn_with_the_new_weights(
     again = s.state_dict(consumed_samples=0)
     assert again["version"] == 3 and again["weights"] == list(NEW)
     assert again["history"][-1]["weights"] == list(OLD)
+
+
+def _bucket(rank: int, world: int, seed: int, weights: Any = OLD, **kw: Any) -> BucketBatchSampler:
+    return BucketBatchSampler(
+        _dataset(), 5, key="width", buckets=3, weights=list(weights), epoch_samples=N,
+        chunk_size=8, seed=seed, rank=rank, world_size=world, **kw,
+    )  # fmt: skip
+
+
+def _one_bucket(s: BucketBatchSampler, batch: list[int]) -> bool:
+    local = np.asarray(batch) - 120 * (np.asarray(batch) >= 120)
+    widths = 16 + (local * 37) % 300  # IdDataset's widths
+    return len(set(np.searchsorted(s.boundaries, widths, side="right").tolist())) == 1
+
+
+@pytest.mark.parametrize("loaded", SIZES)
+@pytest.mark.parametrize("saved", SIZES)
+@pytest.mark.parametrize("seed", [0, 5])
+def test_bucket_sampler_rest_is_drawn_with_the_new_weights(
+    seed: int, saved: int, loaded: int
+) -> None:
+    """BucketBatchSampler(weights=...): the consumed batches stay; the rest of the epoch's
+    draws, in the new counts, is bucketed anew into bucket-pure batches."""
+    ranks = [_bucket(r, saved, seed) for r in range(saved)]
+    consumed: Counter[int] = Counter()
+    for s in ranks:
+        s.set_epoch(EPOCH)
+        consumed.update(i for b in list(s)[:2] for i in b)
+    state = json.loads(json.dumps(ranks[0].state_dict(consumed_batches=2)))
+    resumed = [_bucket(r, loaded, seed) for r in range(loaded)]
+    for s in resumed:
+        s.load_state_dict(state, weights=list(NEW))
+    shares = [list(s) for s in resumed]
+    assert len({len(b) for b in shares}) == 1 == len({len(s) for s in resumed})
+    joined = [b for share in shares for b in share]
+    left, n = N - consumed.total(), 0
+    while sum(len(b) for b in joined[:n]) < left:
+        n += 1
+    rest, pad = joined[:n], joined[n:]
+    assert pad == rest[: len(pad)] and len(pad) < loaded
+    ids = [i for b in rest for i in b]
+    assert len(ids) == len(set(ids)) == left and not set(ids) & set(consumed)
+    assert _source(ids) == mix_counts(left, NEW).tolist()
+    assert all(_one_bucket(resumed[0], b) for b in joined)
+    again = resumed[0].state_dict(consumed_batches=1)
+    assert again["version"] == 4 and again["history"][-1]["weights"] == list(OLD)
+    # a sampler built with the new weights continues it without weights=, at another size
+    after = _bucket(0, 1, seed, weights=NEW)
+    after.load_state_dict(json.loads(json.dumps(again)))
+    taken = {i for share in shares for b in share[:1] for i in b}
+    assert Counter(i for b in after for i in b) == Counter(set(ids) - taken)
 
 
 def test_reweight_through_a_paddle_dataloader_with_workers() -> None:
