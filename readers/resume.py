@@ -48,6 +48,12 @@ code that reads only version 2 would split by samples, so it must refuse it: eve
 state is written as version 3. Versions 2 and 1 still load: a version 2 state means the same as
 version 3 (its ``mix="batch"`` states never carry a history), and version 1, written before
 elastic resume, is a version 2 state without ``kind``, ``history`` and ``records_crc32``.
+Version 4 is a version 3 state whose ``history`` records a change of mixture weights
+(``load_state_dict(state, weights=...)``, :mod:`readers.reweight`): a history entry then also
+carries ``"weights"``, the weights that stretch ran with, and the epoch's unconsumed units
+after it were drawn anew with the next weights (the state's ``weights`` are the current ones).
+Code that reads only version 3 would ignore that and mis-order the rest, so such a state is
+written as version 4; a state without such an entry is still written as version 3.
 
 *Refusals.* A state is refused, with a message naming each parameter that differs (saved
 value, current value), when it belongs to another class, another dataset (``records_crc32``,
