@@ -94,7 +94,8 @@ def test_rest_is_drawn_with_the_new_weights_and_never_repeats_a_consumed_sample(
     joined = [u for r in rests for u in r]  # the rest, then padding that repeats its start
     left = (N - consumed.total()) // unit  # units of the epoch nobody consumed
     rest, pad = joined[:left], joined[left:]
-    assert pad == rest[: len(pad)] and len(pad) < loaded
+    assert pad == rest[: len(pad)]
+    assert len(pad) < loaded
     ids = [i for u in rest for i in u]
     assert not set(ids) & set(consumed), "a consumed sample is never drawn again"
     assert len(set(ids)) == len(ids) == N - consumed.total()
@@ -123,7 +124,8 @@ def test_drop_last_keeps_the_epoch_total_and_drops_only_the_split_remainder(
     ids = [i for u in rests for i in u]
     left = (N - consumed.total()) // unit
     assert left - loaded < len(rests) <= left
-    assert not set(ids) & set(consumed) and len(set(ids)) == len(ids)
+    assert not set(ids) & set(consumed)
+    assert len(set(ids)) == len(ids)
     (one,) = _rest(mix, state, 1, drop_last=True)  # one rank: the whole rest, in order
     assert len(one) == left
     assert ids == [i for u in one[: len(rests)] for i in u], "the rest's order, cut to shares"
@@ -142,7 +144,8 @@ def test_a_state_saved_after_the_change_resumes_elastically_and_later_epochs_use
     for units in rests:
         consumed.update(i for u in units[:1] for i in u)
     again = json.loads(json.dumps(_save(first[0], 1)))
-    assert again["version"] == 4 and again["weights"] == list(NEW)
+    assert again["version"] == 4
+    assert again["weights"] == list(NEW)
     assert again["history"] == [{"world_size": 2, "position": 2 * unit, "weights": list(OLD)}]
     # A sampler built with the new weights loads it without weights=, at another size.
     second = [_make(mix, r, 2, weights=NEW, seed=3) for r in range(2)]
@@ -154,7 +157,9 @@ def test_a_state_saved_after_the_change_resumes_elastically_and_later_epochs_use
     assert len(expected) == left * unit
     assert Counter(got[: left * unit]) == Counter(expected), "exactly the rest of the rest"
     # Later epochs are those of a sampler built with the new weights.
-    for s, fresh in zip(second, [_make(mix, r, 2, weights=NEW, seed=3) for r in range(2)]):
+    for s, fresh in zip(
+        second, [_make(mix, r, 2, weights=NEW, seed=3) for r in range(2)], strict=True
+    ):
         s.set_epoch(EPOCH + 1)
         fresh.set_epoch(EPOCH + 1)
         assert _units(s) == _units(fresh)
@@ -175,7 +180,8 @@ def test_the_saved_weights_again_is_a_plain_resume() -> None:
     plain, same = _make("epoch", 1, 2), _make("epoch", 1, 2, weights=NEW)
     plain.load_state_dict(state)
     same.load_state_dict(state, weights=list(OLD))
-    assert same.start_position == 5 and same.mixture.weights == OLD
+    assert same.start_position == 5
+    assert same.mixture.weights == OLD
     assert list(same) == list(plain)
     assert same.state_dict(consumed_samples=5)["version"] == 3
 
@@ -232,7 +238,8 @@ def test_shard_stream_rest_is_drawn_with_the_new_weights(
     assert got.total() - left < loaded, "repeats only as padding"
     assert _source(list(got)) == mix_counts(left, NEW).tolist()
     again = s.state_dict(consumed_samples=0)
-    assert again["version"] == 3 and again["weights"] == list(NEW)
+    assert again["version"] == 3
+    assert again["weights"] == list(NEW)
     assert again["history"][-1]["weights"] == list(OLD)
 
 
@@ -273,13 +280,16 @@ def test_bucket_sampler_rest_is_drawn_with_the_new_weights(
     while sum(len(b) for b in joined[:n]) < left:
         n += 1
     rest, pad = joined[:n], joined[n:]
-    assert pad == rest[: len(pad)] and len(pad) < loaded
+    assert pad == rest[: len(pad)]
+    assert len(pad) < loaded
     ids = [i for b in rest for i in b]
-    assert len(ids) == len(set(ids)) == left and not set(ids) & set(consumed)
+    assert len(ids) == len(set(ids)) == left
+    assert not set(ids) & set(consumed)
     assert _source(ids) == mix_counts(left, NEW).tolist()
     assert all(_one_bucket(resumed[0], b) for b in joined)
     again = resumed[0].state_dict(consumed_batches=1)
-    assert again["version"] == 4 and again["history"][-1]["weights"] == list(OLD)
+    assert again["version"] == 4
+    assert again["history"][-1]["weights"] == list(OLD)
     # a sampler built with the new weights continues it without weights=, at another size
     after = _bucket(0, 1, seed, weights=NEW)
     after.load_state_dict(json.loads(json.dumps(again)))
@@ -330,5 +340,57 @@ def test_reweight_through_a_paddle_dataloader_with_workers() -> None:
         s.load_state_dict(state, weights=list(NEW))
     got = [i for s in resumed for i in batches(s)]
     left = N - consumed.total()
-    assert len(got) == left and not set(got) & set(consumed) and len(set(got)) == left
+    assert len(got) == left
+    assert not set(got) & set(consumed)
+    assert len(set(got)) == left
     assert _source(got) == mix_counts(left, NEW).tolist()
+
+
+@pytest.mark.parametrize("mix", ["epoch", "batch"])
+def test_two_changes_in_one_epoch_at_three_world_sizes(mix: str) -> None:
+    """(2, 1) on 2 ranks, then (1, 3) on 3 ranks, then (1, 1) on 1 rank: each stretch's draws
+    are new samples, and the last rest holds the last weights' exact counts."""
+    unit = BATCH if mix == "batch" else 1
+    state, consumed = _consume(mix, 2, 1, 2)
+    mid = [_make(mix, r, 3, seed=1) for r in range(3)]
+    for s in mid:
+        s.load_state_dict(state, weights=list(NEW))
+        consumed.update(i for u in _units(s)[:1] for i in u)
+    state = json.loads(json.dumps(_save(mid[0], 1)))
+    assert [h.get("weights") for h in state["history"]] == [list(OLD)]
+    last = _make(mix, 0, 1, seed=1, weights=[5, 5])  # built with yet other weights
+    last.load_state_dict(state, weights=[1, 1])
+    rest = [i for u in _units(last) for i in u]
+    assert len(rest) == N - consumed.total()
+    assert not set(rest) & set(consumed)
+    assert len(set(rest)) == len(rest)
+    assert max(consumed.values()) == 1
+    left = len(rest) // unit
+    expected = mix_counts(BATCH, (1, 1)) * left if unit > 1 else mix_counts(left, (1, 1))
+    assert _source(rest) == expected.tolist()
+    saved = last.state_dict(consumed_samples=0)
+    assert [h.get("weights") for h in saved["history"]] == [list(OLD), list(NEW)]
+
+
+def test_a_source_drawn_past_its_size_keeps_exact_counts() -> None:
+    """epoch_samples far above the sources' sizes: the rest still has the exact counts."""
+    s = ChunkShuffleSampler(_dataset(), weights=[1, 1], epoch_samples=500, chunk_size=8, seed=2,
+                            rank=0, world_size=2)  # fmt: skip
+    s.set_epoch(3)
+    done = list(s)[:100]
+    state = s.state_dict(consumed_samples=100)
+    t = ChunkShuffleSampler(_dataset(), weights=[1, 1], epoch_samples=500, chunk_size=8, seed=2,
+                            rank=0, world_size=1)  # fmt: skip
+    t.load_state_dict(state, weights=[1, 9])
+    rest = list(t)
+    assert len(rest) == 300
+    assert _source(rest) == mix_counts(300, (1, 9)).tolist()
+    ones = Counter(done) + Counter(list(_other_rank())[:100]) + Counter(rest)
+    assert max(ones.values()) <= -(-(100 + 270) // 90) + 1, "repeats only from new passes"
+
+
+def _other_rank() -> ChunkShuffleSampler:
+    s = ChunkShuffleSampler(_dataset(), weights=[1, 1], epoch_samples=500, chunk_size=8, seed=2,
+                            rank=1, world_size=2)  # fmt: skip
+    s.set_epoch(3)
+    return s
