@@ -234,7 +234,8 @@ def test_shard_stream_rest_is_drawn_with_the_new_weights(
         s.load_state_dict(json.loads(json.dumps(state)), weights=list(NEW))
         got.update(i for b in _stream_units(s, monkeypatch, workers=1 + r % 2) for i in b)
     left = N - consumed.total()
-    assert not set(got) & set(consumed) and len(got) == left, "the unconsumed draws, each"
+    assert not set(got) & set(consumed), "no consumed sample again"
+    assert len(got) == left, "every unconsumed draw"
     assert got.total() - left < loaded, "repeats only as padding"
     assert _source(list(got)) == mix_counts(left, NEW).tolist()
     again = s.state_dict(consumed_samples=0)
