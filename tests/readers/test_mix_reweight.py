@@ -242,6 +242,9 @@ def test_shard_stream_rest_is_drawn_with_the_new_weights(
     assert again["version"] == 3
     assert again["weights"] == list(NEW)
     assert again["history"][-1]["weights"] == list(OLD)
+    fresh = _stream(0, 1, seed, weights=NEW)  # built with the new weights: no weights=
+    fresh.load_state_dict(json.loads(json.dumps(again)))
+    assert Counter(i for i, _ in fresh) == Counter(set(got))  # in-process, as it was saved
 
 
 def _bucket(rank: int, world: int, seed: int, weights: Any = OLD, **kw: Any) -> BucketBatchSampler:
