@@ -93,8 +93,9 @@ def convert(
         str | None,
         typer.Option(
             metavar="NAME",
-            show_default="the one binary or {bytes, path} column",
-            help="Parquet IN: the column of encoded images (binary, or a {bytes, path} struct).",
+            show_default="the one binary or bytes-and-path column",
+            help="Parquet IN: the column of encoded images (binary, or a struct with bytes and "
+            "path fields as the datasets Image feature stores it).",
         ),
     ] = None,
     label_column: Annotated[
