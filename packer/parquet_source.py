@@ -21,6 +21,7 @@ writer's row groups): once for the image sizes that plan the shards, once to con
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -181,6 +182,12 @@ def class_label_names(feature: Any) -> list[str] | None:
     return None
 
 
+def _feature_type(features: dict[str, Any], column: str) -> Any:
+    """The ``_type`` of a column's ``datasets`` feature (``Image``, ``ClassLabel``), or None."""
+    feature = features.get(column)
+    return feature.get("_type") if isinstance(feature, dict) else None
+
+
 def _listed(names: Sequence[str]) -> str:
     return ", ".join(repr(n) for n in names) or "none"
 
@@ -200,6 +207,9 @@ def choose_columns(
             ambiguous or finds no image column; the message lists the columns and the fix.
     """
     names = list(schema.names)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # pyarrow cannot select such a column by name
+        raise ConfigError(f"{name}: the column names {_listed(twice)} are there twice")
     types = {n: schema.field(n).type for n in names}
 
     def column(option: str, col: str) -> Any:
@@ -211,7 +221,7 @@ def choose_columns(
 
     if image_column is None:
         marked = [
-            n for n in names if features.get(n, {}).get("_type") == "Image" and image_kind(types[n])
+            n for n in names if _feature_type(features, n) == "Image" and image_kind(types[n])
         ]
         found = marked or [n for n in names if image_kind(types[n])]
         if len(found) != 1:
@@ -279,6 +289,9 @@ def check_columns(
     """
     names = list(schema.names)
     same = "convert files of one schema together"
+    twice = sorted({n for n in names if names.count(n) > 1} & {columns.image, *columns.labels})
+    if twice:
+        raise ConfigError(f"{name}: the column names {_listed(twice)} are there twice")
     for col in (columns.image, *columns.labels):
         if col not in names:
             raise ConfigError(
@@ -322,6 +335,24 @@ def _label_problem(label: Any) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _reading(part: ParquetPart) -> Iterator[Any]:
+    """`part` open for reading; what pyarrow cannot read raises `ParquetInputError`.
+
+    pyarrow reports a damaged page as a plain ``OSError``, as the disk's own errors: both end
+    the convert with one message naming the file (a rerun starts afresh).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(part.path) as f:
+            yield f
+    except (pa.ArrowException, OSError) as exc:
+        detail = " ".join(str(exc).split())  # pyarrow's messages span lines
+        raise ParquetInputError(f"{part.name}: cannot be read ({detail})") from None
+
+
 class ParquetRows:
     """The rows of IN's Parquet files as convert items, read a batch at a time."""
 
@@ -335,11 +366,10 @@ class ParquetRows:
     def sizes(self) -> list[int]:
         """The stored size of each row's image, in row order (0 for a row without one)."""
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
         sizes: list[int] = []
         for part in self.parts:
-            with pq.ParquetFile(part.path) as f:
+            with _reading(part) as f:
                 for batch in f.iter_batches(
                     batch_size=BATCH_ROWS, columns=[self.columns.image], use_threads=False
                 ):
@@ -358,9 +388,8 @@ class ParquetRows:
                 yield from self._read_part(part, lo, hi)
 
     def _read_part(self, part: ParquetPart, lo: int, hi: int) -> Iterator[Item]:
-        import pyarrow.parquet as pq
-
-        groups, skip, at = [], 0, 0
+        groups: list[int] = []  # the row groups that hold rows lo..hi-1
+        skip = at = 0  # skip: the rows of the first of them before lo
         for number, rows in enumerate(part.group_rows):
             if at + rows > lo and at < hi:
                 skip = skip if groups else lo - at
@@ -368,7 +397,7 @@ class ParquetRows:
             at += rows
         cols = [self.columns.image, *self.columns.labels]
         row = lo
-        with pq.ParquetFile(part.path) as f:
+        with _reading(part) as f:
             if f.metadata.num_rows != part.rows:
                 raise ParquetInputError(
                     f"{part.name} changed while it was converted ({part.rows} rows before, "

@@ -337,3 +337,22 @@ def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_convert(tmp_path
     assert result.exit_code == 0, result.output
     assert dataset_files(out) == dataset_files(whole)
     assert [g[1] for g in _read_out(out)] == list(range(len(images)))
+
+
+@pytest.mark.parametrize("column", [0, 1])
+def test_a_damaged_page_is_one_error_line_and_no_out(tmp_path: Path, column: int) -> None:
+    images = _images(12)
+    src = _write(
+        tmp_path / "d.parquet", {"image": pa.array(images), "t": [f"w{i}" for i in range(12)]}
+    )
+    # the page header of row group 2's image column (found when the sizes are read) or of its
+    # label column (found amid the convert, after shards 0 and 1 are written)
+    at = pq.ParquetFile(src).metadata.row_group(2).column(column).data_page_offset
+    data = bytearray(src.read_bytes())
+    data[at : at + 24] = bytes(b ^ 0xFF for b in data[at : at + 24])
+    src.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    line = _fail(["convert", str(src), str(out), "--shard-size", str(len(images[0]))])
+    assert re.fullmatch(r"packer: error: .*d\.parquet: cannot be read \(.+\)", line)
+    assert not out.exists()
+    assert not (tmp_path / ".out.partial").exists()
