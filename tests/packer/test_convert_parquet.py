@@ -188,6 +188,15 @@ def test_several_files_and_label_columns_as_a_json_object_by_the_cli(tmp_path: P
     assert [g[1] for g in got][3:5] == [{"w": "d", "cls": 1}, {"w": "e", "cls": 1}]
     assert [g[2] for g in got][3:5] == [f"{a.as_posix()}#row 3", f"{b.as_posix()}#row 0"]
     assert _meta(out)["source"] == f"{a} {b}"
+    # exported as WebDataset tars, read back: the same bytes and labels
+    tars = tmp_path / "tars"
+    assert (
+        runner.invoke(app, [*args[:3], str(tars), *args[4:], "--to", "webdataset"]).exit_code == 0
+    )
+    from readers import open_dataset
+
+    exported = open_dataset(tars, decode="bytes")
+    assert [exported[i] for i in range(len(exported))] == [g[:2] for g in got]
     # the files in the other order: the other order of samples
     again = tmp_path / "again"
     assert runner.invoke(app, [*args[:1], str(b), str(a), str(again), *args[4:]]).exit_code == 0
@@ -212,10 +221,14 @@ def test_a_directory_of_files_in_path_order(tmp_path: Path) -> None:
     assert "none of these" in _fail(["convert", str(empty), str(tmp_path / "o2")])
 
 
-def test_datasets_library_image_and_classlabel(tmp_path: Path) -> None:
+def test_datasets_library_image_and_classlabel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # offline, its cache in tmp_path
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     datasets = pytest.importorskip("datasets")
     paddle = pytest.importorskip("paddle")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     images = _images(6, seed=3)
     features = datasets.Features(
         {
