@@ -15,8 +15,9 @@ Rows are named ``FILE#row N`` (FILE as given, or relative to the directory; N fr
 file), or by the struct's ``path`` where it holds one. A row without image bytes (null, or a
 struct with only a path: the file it names is not read) is ``missing``, one with 0 bytes
 ``empty``, and every image passes the decode check of a bare input (`packer.prepare`), so a
-non-image is ``not_image``. Files are read a few rows at a time (`BATCH_ROWS`, within the
-writer's row groups): once for the image sizes that plan the shards, once to convert.
+non-image is ``not_image``. Files are read a few rows at a time (`BATCH_ROWS`), page by page,
+never more than one row group at once: once for the image sizes that plan the shards, once to
+convert. Memory is bounded by the writer's row group, not by the file or the dataset.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from packer.repack import Item, RepackSource
 PARQUET_SUFFIX = ".parquet"
 MAGIC = b"PAR1"
 BATCH_ROWS = 64
-"""Rows decoded at a time: a batch of images is what a conversion holds in memory (besides
-the row group the Parquet reader holds, which the writer sized: ``datasets`` writes 100 rows
-per group for image datasets)."""
+"""Rows taken at a time: a batch of images is what a conversion holds as Python bytes (besides
+the pages of the row group pyarrow decodes, which the writer sized: ``datasets`` writes 100
+rows per group for image datasets)."""
 HF_METADATA_KEY = b"huggingface"
 """The schema metadata key under which ``datasets`` stores its features as JSON."""
 INT64_RANGE = range(-(2**63), 2**63)
@@ -345,8 +346,8 @@ def _reading(part: ParquetPart) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        with pq.ParquetFile(part.path) as f:
+    try:  # pre_buffer would read every row group asked for at once; buffered: page by page
+        with pq.ParquetFile(part.path, pre_buffer=False, buffer_size=1 << 20) as f:
             yield f
     except (pa.ArrowException, OSError) as exc:
         detail = " ".join(str(exc).split())  # pyarrow's messages span lines

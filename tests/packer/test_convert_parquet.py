@@ -26,7 +26,7 @@ from packer.errors import ConfigError, InputError, OutputExistsError
 from packer.parquet_source import BATCH_ROWS, ParquetInputError
 from packer.repack import KILL_AT_ENV
 from packer.verify import verify
-from tests.conftest import build_packed
+from tests.conftest import build_packed, encode, make_image
 from tests.packer.test_convert import _images, _read_out
 from tests.packer.test_convert_kill import dataset_files
 
@@ -369,3 +369,30 @@ def test_a_damaged_page_is_one_error_line_and_no_out(tmp_path: Path, column: int
     assert re.fullmatch(r"packer: error: .*d\.parquet: cannot be read \(.+\)", line)
     assert not out.exists()
     assert not (tmp_path / ".out.partial").exists()
+
+
+PEAK_SCRIPT = """
+import sys
+from pathlib import Path
+import pyarrow as pa
+from packer.convert import ConvertConfig, convert
+convert(ConvertConfig(Path(sys.argv[1]), Path(sys.argv[2]), progress=False))
+print(pa.default_memory_pool().max_memory())
+"""
+
+
+def test_memory_is_bounded_by_a_row_group_not_by_the_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    images = [encode(make_image(rng, 100, 70), ".png") for _ in range(640)]  # ~21 KB each
+    total = sum(map(len, images))
+    src = _write(tmp_path / "m.parquet", {"image": pa.array(images)}, rows=16)
+    # a fresh process: the peak of pyarrow's memory pool over the whole convert
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, str(src), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peak = int(proc.stdout.split()[-1])
+    assert peak < total / 2, (peak, total)  # the file read at once: more than `total`
+    assert len(_read_out(tmp_path / "out")) == 640
