@@ -101,56 +101,41 @@ def parquet_files_under(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _is_binary(t: Any) -> bool:
+def _is(t: Any, *kinds: str) -> bool:
+    """True when arrow type `t` is one of `kinds`, as ``pyarrow.types.is_<kind>`` tells.
+
+    The view types are newer than the oldest pyarrow supported: skipped where it lacks them.
+    """
     import pyarrow as pa
 
-    return bool(
-        pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-        or pa.types.is_binary_view(t)
-    )
+    return any(getattr(pa.types, f"is_{kind}", lambda _: False)(t) for kind in kinds)
+
+
+BINARY = ("binary", "large_binary", "fixed_size_binary", "binary_view")
+LISTS = ("list", "large_list", "fixed_size_list", "list_view", "large_list_view")
+SCALARS = ("integer", "float32", "float64", "boolean", "string", "large_string", "string_view")
 
 
 def image_kind(t: Any) -> str | None:
     """``binary`` or ``struct`` when a column of arrow type `t` can hold images, else None."""
-    import pyarrow as pa
-
-    if _is_binary(t):
+    if _is(t, *BINARY):
         return "binary"
-    if pa.types.is_struct(t):
+    if _is(t, "struct"):
         at = t.get_field_index("bytes")
-        if at >= 0 and _is_binary(t.field(at).type):
+        if at >= 0 and _is(t.field(at).type, *BINARY):
             return "struct"
     return None
 
 
 def is_label_type(t: Any) -> bool:
     """True when the values of a column of arrow type `t` are JSON: numbers, text, lists..."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(t):
+    if _is(t, "dictionary"):
         return is_label_type(t.value_type)
-    if (
-        pa.types.is_list(t)
-        or pa.types.is_large_list(t)
-        or pa.types.is_fixed_size_list(t)
-        or pa.types.is_list_view(t)
-        or pa.types.is_large_list_view(t)
-    ):
+    if _is(t, *LISTS):
         return is_label_type(t.value_type)
-    if pa.types.is_struct(t):
+    if _is(t, "struct"):
         return all(is_label_type(t.field(i).type) for i in range(t.num_fields))
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_float32(t)
-        or pa.types.is_float64(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_string_view(t)
-        or pa.types.is_null(t)
-    )
+    return _is(t, *SCALARS, "null")
 
 
 def hf_features(schema: Any, name: str) -> dict[str, Any]:
