@@ -351,6 +351,7 @@ class ParquetRows:
 
     def sizes(self) -> list[int]:
         """The stored size of each row's image, in row order (0 for a row without one)."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         sizes: list[int] = []
@@ -362,6 +363,8 @@ class ParquetRows:
                     images = batch.column(0)
                     if self.columns.struct:
                         images = pc.struct_field(images, "bytes")
+                    if _is(images.type, "binary_view"):  # binary_length has no kernel for it
+                        images = images.cast(pa.large_binary())
                     sizes += pc.binary_length(images).fill_null(0).to_pylist()
         return sizes
 

@@ -396,3 +396,19 @@ def test_memory_is_bounded_by_a_row_group_not_by_the_file(tmp_path: Path) -> Non
     peak = int(proc.stdout.split()[-1])
     assert peak < total / 2, (peak, total)  # the file read at once: more than `total`
     assert len(_read_out(tmp_path / "out")) == 640
+
+
+@pytest.mark.parametrize(
+    "image_type",
+    [pa.large_binary(), pa.binary_view(), pa.struct([("bytes", pa.binary_view())]), "fixed"],
+    ids=str,
+)
+def test_every_binary_type_holds_images(tmp_path: Path, image_type: Any) -> None:
+    image = _images(1)[0]
+    if image_type == "fixed":
+        image_type = pa.binary(len(image))
+    value: Any = {"bytes": image} if pa.types.is_struct(image_type) else image
+    labels = pa.array(["b", "a"], pa.dictionary(pa.int8(), pa.string()))  # a pandas category
+    src = _write(tmp_path / "t.parquet", {"im": pa.array([value] * 2, image_type), "l": labels})
+    convert(ConvertConfig(src, tmp_path / "out"))
+    assert [g[:2] for g in _read_out(tmp_path / "out")] == [(image, "b"), (image, "a")]
