@@ -11,13 +11,14 @@ column (the ``Image`` columns of the ``huggingface`` schema metadata, else the b
 column of that metadata keeps its ids as labels (-1, ``datasets``' "no label", is null); a
 single such column gives meta.json its ``classes``.
 
-Rows are named ``FILE#row N`` (FILE as given, or relative to the directory; N from 0 within the
-file), or by the struct's ``path`` where it holds one. A row without image bytes (null, or a
-struct with only a path: the file it names is not read) is ``missing``, one with 0 bytes
-``empty``, and every image passes the decode check of a bare input (`packer.prepare`), so a
-non-image is ``not_image``. Files are read a few rows at a time (`BATCH_ROWS`), page by page,
-never more than one row group at once: once for the image sizes that plan the shards, once to
-convert. Memory is bounded by the writer's row group, not by the file or the dataset.
+Rows are named ``FILE#row N`` (FILE relative to the directory given, or to the one that holds
+every file given; N from 0 within the file), or by the struct's ``path`` where it holds one. A
+row without image bytes (null, or a struct with only a path: the file it names is not read) is
+``missing``, one with 0 bytes ``empty``, and every image passes the decode check of a bare
+input (`packer.prepare`), so a non-image is ``not_image``. Files are read a few rows at a time
+(`BATCH_ROWS`), page by page, never more than one row group at once: once for the image sizes
+that plan the shards, once to convert. Memory is bounded by the writer's row group, not by the
+file or the dataset.
 """
 
 from __future__ import annotations
@@ -462,24 +463,30 @@ def _open_part(path: Path, name: str, first: int) -> tuple[ParquetPart, Any]:
             groups = tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
             return ParquetPart(path, name, groups, first), f.schema_arrow
     except (pa.ArrowException, OSError) as exc:
-        raise ParquetInputError(f"{name}: not a Parquet file convert can read ({exc})") from None
+        detail = " ".join(str(exc).split())
+        raise ParquetInputError(f"{name}: not a Parquet file convert can read ({detail})") from None
 
 
 def parquet_parts(inputs: Sequence[Path]) -> list[tuple[Path, str]]:
     """Every Parquet file of `inputs` (files, or directories of them) and its name in paths.
 
+    A directory's files are named relative to it; files given as INs, relative to the deepest
+    directory that holds them all (one file: its name).
+
     Raises:
         ParquetInputError: a directory holds no Parquet file, or a file is named twice.
     """
     found: list[tuple[Path, str]] = []
+    files = [os.path.abspath(item) for item in inputs if not item.is_dir()]
+    top = os.path.commonpath([os.path.dirname(f) for f in files]) if files else ""
     for item in inputs:
         if item.is_dir():
-            files = parquet_files_under(item)
-            if not files:
+            under = parquet_files_under(item)
+            if not under:
                 raise ParquetInputError(f"{item}: a directory without .parquet files")
-            found += [(f, f.relative_to(item).as_posix()) for f in files]
-        else:
-            found.append((item, item.as_posix()))
+            found += [(f, f.relative_to(item).as_posix()) for f in under]
+        else:  # named from the directory that holds every file IN: data/*.parquet -> train-...
+            found.append((item, Path(os.path.relpath(os.path.abspath(item), top)).as_posix()))
     seen: set[str] = set()
     for path, _ in found:
         real = os.path.realpath(path)

@@ -83,7 +83,7 @@ def test_binary_column_with_a_text_label_is_guessed_and_round_trips(tmp_path: Pa
     got = _read_out(out)
     assert [g[0] for g in got] == images
     assert [g[1] for g in got] == words
-    assert [g[2] for g in got] == [f"{src.as_posix()}#row {i}" for i in range(11)]
+    assert [g[2] for g in got] == [f"ocr.parquet#row {i}" for i in range(11)]  # one file: its name
     meta = _meta(out)
     assert meta["classes"] is None
     assert meta["label_source"] == "parquet"
@@ -103,7 +103,7 @@ def test_struct_column_names_rows_by_their_path(tmp_path: Path) -> None:
     got = _read_out(out)
     assert [g[0] for g in got] == images
     assert [g[1] for g in got] == [None] * 4  # no other column: no labels
-    assert [g[2] for g in got] == ["a/cat.png", f"{src.as_posix()}#row 1", f"{src}#row 2", "d.jpg"]
+    assert [g[2] for g in got] == ["a/cat.png", "s.parquet#row 1", "s.parquet#row 2", "d.jpg"]
     assert _meta(out)["label_source"] == "none"
 
 
@@ -124,7 +124,7 @@ def test_classlabel_metadata_gives_classes_and_ids(tmp_path: Path) -> None:
     assert _meta(out)["classes"] == ["cat", "dog", "eel"]
     # -1 is datasets' "no label"; 3 is no class of the ClassLabel
     assert [g[1] for g in _read_out(out)] == [2, 0, None, 1]
-    assert _errors(out) == [(f"{src.as_posix()}#row 3", "bad_label")]
+    assert _errors(out) == [("c.parquet#row 3", "bad_label")]
     message = json.loads((out / "errors.jsonl").read_text())["message"]
     assert "column 'label' holds 3, not a class id of its ClassLabel (3 names)" in message
 
@@ -150,7 +150,7 @@ def test_missing_and_non_image_rows_are_errors_with_reasons(tmp_path: Path) -> N
     out = tmp_path / "out"
     summary = convert(ConvertConfig(src, out))
     assert summary.packed == 1
-    name = src.as_posix()
+    name = src.name
     assert _errors(out) == [
         (f"{name}#row 1", "missing"),
         ("/elsewhere/x.jpg", "missing"),
@@ -186,7 +186,8 @@ def test_several_files_and_label_columns_as_a_json_object_by_the_cli(tmp_path: P
     got = _read_out(out)
     assert [g[0] for g in got] == images
     assert [g[1] for g in got][3:5] == [{"w": "d", "cls": 1}, {"w": "e", "cls": 1}]
-    assert [g[2] for g in got][3:5] == [f"{a.as_posix()}#row 3", f"{b.as_posix()}#row 0"]
+    # named from the directory that holds every file given
+    assert [g[2] for g in got][3:5] == ["part-0.parquet#row 3", "part-1.parquet#row 0"]
     assert _meta(out)["source"] == f"{a} {b}"
     # exported as WebDataset tars, read back: the same bytes and labels
     tars = tmp_path / "tars"
