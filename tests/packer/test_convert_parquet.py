@@ -114,13 +114,15 @@ def test_classlabel_metadata_gives_classes_and_ids(tmp_path: Path) -> None:
         "label": {"_type": "ClassLabel", "names": ["cat", "dog", "eel"]},
     }
     structs = [{"bytes": b, "path": None} for b in images]
-    src = _write(
-        tmp_path / "c.parquet",
-        {"image": pa.array(structs, IMAGE_STRUCT), "label": pa.array([2, 0, -1, 3, 1], pa.int64())},
-        metadata=_hf_metadata(features),
-    )
+    columns = {
+        "thumb": pa.array([b"\x00"] * 5),  # binary too, but the metadata marks `image` Image
+        "image": pa.array(structs, IMAGE_STRUCT),
+        "label": pa.array([2, 0, -1, 3, 1], pa.int64()),
+    }
+    src = _write(tmp_path / "c.parquet", columns, metadata=_hf_metadata(features))
     out = tmp_path / "out"
     convert(ConvertConfig(src, out))
+    assert _meta(out)["options"]["image_column"] == "image"
     assert _meta(out)["classes"] == ["cat", "dog", "eel"]
     # -1 is datasets' "no label"; 3 is no class of the ClassLabel
     assert [g[1] for g in _read_out(out)] == [2, 0, None, 1]
