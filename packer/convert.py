@@ -235,8 +235,7 @@ def convert(cfg: ConvertConfig, *, log: Callable[[str], None] | None = None) -> 
         ConvertInputError: IN cannot be read.
         PackerError: see `packer.repack.repack` and `packer.export`.
     """
-    out_exists = cfg.out.exists() or cfg.out.is_symlink()
-    if out_exists and cfg.to == "packer" and not (cfg.overwrite or cfg.resume):
+    if os.path.lexists(cfg.out) and cfg.to == "packer" and not (cfg.overwrite or cfg.resume):
         raise OutputExistsError(str(cfg.out))  # as repack would, before IN is read
     found = open_input(
         cfg.inputs,
