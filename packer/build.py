@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,7 @@ class BuildSummary:
     reasons: dict[str, int] = field(default_factory=dict)
     already_complete: bool = False  # --resume found OUT finished, from the same plan
     hints: list[str] = field(default_factory=list)  # lines printed after the summary
+    export: str | None = None  # "folder" or "webdataset" for convert --to: files, not shards
 
     @classmethod
     def of_complete(cls, out: Path, meta: dict[str, Any], started: float) -> BuildSummary:
@@ -102,10 +104,15 @@ class BuildSummary:
         skipped = f"skipped {self.skipped}"
         if reasons:
             skipped += f" ({reasons}; see {ERRORS_NAME})"
+        if self.export == "folder":
+            into = "as image files"
+        else:
+            kind = " tar" if self.export == "webdataset" else ""
+            into = f"into {self.shards}{kind} shard{'s' if self.shards != 1 else ''}"
+        verb = "exported" if self.export else "packed"
         return (
-            f"packed {self.packed} images ({self.bytes / 1e6:.1f} MB) into {self.shards} "
-            f"shard{'s' if self.shards != 1 else ''}, {skipped}, in {self.seconds:.1f} s "
-            f"({self.images_per_second:.0f} images/s) -> {self.out}"
+            f"{verb} {self.packed} images ({self.bytes / 1e6:.1f} MB) {into}, {skipped}, in "
+            f"{self.seconds:.1f} s ({self.images_per_second:.0f} images/s) -> {self.out}"
         )
 
 
@@ -392,3 +399,23 @@ def _build(
     summary.seconds = time.perf_counter() - started
     summary.hints = [hint] if hint else []
     return summary
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as ``packer.build(src, out, **options)``: see `packer.api.build`.
+
+    ``packer.build`` names both this module and the Python API's function: importing the
+    module sets the package's attribute to it, so the module is made to run the function
+    when called, and ``packer.build.temp_dir_for`` and the like keep working.
+    """
+
+    def __call__(
+        self, src: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any
+    ) -> BuildSummary:
+        """Run `packer.api.build` (the command line's build as a function)."""
+        from packer.api import build as api_build
+
+        return api_build(src, out, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

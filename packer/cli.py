@@ -13,11 +13,11 @@ from packer.clitools import PackerCommand, PackerGroup, refuse_urls
 from packer.clitools import check_format as _format
 from packer.clitools import fail as _fail
 from packer.clitools import guarded as _guarded
-from packer.config import BuildConfig, parse_size, usable_cores
-from packer.errors import ConfigError, PackerError
+from packer.config import usable_cores
+from packer.errors import PackerError
 from packer.lifecycle_cli import append, convert, dupes, merge, split
 from packer.stage import stage_command
-from packer.transform import DEFAULT_MAX_PIXELS, Transform, parse_resize
+from packer.transform import DEFAULT_MAX_PIXELS
 from readers import _paddle
 from readers.errors import ReaderError
 from readers.formats import FORMATS, REGISTRY
@@ -67,27 +67,6 @@ def _main(
     ] = False,
 ) -> None:
     del show_version
-
-
-def _transform(
-    resize: str | None,
-    encode: str,
-    quality: int,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    compress: str = "none",
-) -> Transform:
-    try:
-        short, fit = parse_resize(resize)
-        return Transform(
-            short=short,
-            fit=fit,
-            encode=encode,
-            quality=quality,
-            max_pixels=max_pixels or None,
-            compress=compress,
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 @app.command(cls=PackerCommand)
@@ -246,7 +225,7 @@ def build(
     ] = False,
 ) -> None:
     """Pack SRC into the dataset directory OUT (written atomically)."""
-    from packer.build import build as run_build
+    from packer.api import BuildOptions, run_build
 
     if workers > usable_cores():  # BuildConfig caps it; say what is used
         typer.echo(
@@ -254,50 +233,35 @@ def build(
             "(more processes would only compete for them)",
             err=True,
         )
-
-    def make_config(src_path: Path, out_path: Path) -> BuildConfig:
-        return BuildConfig(
-            src=src_path,
-            out=out_path,
-            format=format,
-            labels=tuple(labels) if labels else "auto",
-            label_depth=label_depth,
-            class_map=class_map,
-            shard_size=parse_size(shard_size),
-            workers=workers or usable_cores(),
-            decode_check=decode_check,
-            on_error=on_error,
-            overwrite=overwrite,
-            resume=resume,
-            progress=progress,
-            engine=engine,
-            ray_address=ray_address,
-            transform=_transform(resize, encode, quality, max_pixels, compress),
-            dedup=dedup,
-        )
-
+    options = BuildOptions(
+        format=format,
+        labels=labels or None,
+        label_depth=label_depth,
+        class_map=class_map,
+        shard_size=shard_size,
+        workers=workers,
+        decode_check=decode_check,
+        on_error=on_error,
+        overwrite=overwrite,
+        resume=resume,
+        progress=progress,
+        engine=engine,
+        ray_address=ray_address,
+        resize=resize,
+        encode=encode,
+        compress=compress,
+        quality=quality,
+        max_pixels=max_pixels,
+        dedup=dedup,
+    )
     try:
-        if is_url(src) or is_url(out):
-            from packer.remote import build_remote
-
-            summary, upload = build_remote(
-                src,
-                out,
-                lambda s, o: run_build(make_config(s, o)),
-                src_is_url=is_url(src),
-                out_is_url=is_url(out),
-                overwrite=overwrite,
-                resume=resume,
-                log=lambda m: typer.echo(m, err=True),
-            )
-            if upload is not None:
-                typer.echo(summary.line().replace(str(summary.out), "a local build"), err=True)
-                typer.echo(upload.line())
-                for hint in summary.hints:
-                    typer.echo(hint, err=True)
-                return
-        else:
-            summary = run_build(make_config(Path(src), Path(out)))
+        summary, upload = run_build(src, out, options, log=lambda m: typer.echo(m, err=True))
+        if upload is not None:
+            typer.echo(summary.line().replace(str(summary.out), "a local build"), err=True)
+            typer.echo(upload.line())
+            for hint in summary.hints:
+                typer.echo(hint, err=True)
+            return
     except (PackerError, ReaderError, StorageExtraMissingError) as exc:
         raise _fail(exc) from None
     typer.echo(summary.line())

@@ -53,7 +53,10 @@ def cap_workers(workers: int) -> int:
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Everything ``packer build`` was asked to do."""
+    """Everything ``packer build`` was asked to do.
+
+    `src` and `out` may be given as `str` or any `os.PathLike`: they are kept as `Path`.
+    """
 
     src: Path
     out: Path
@@ -74,6 +77,12 @@ class BuildConfig:
     dedup: bool = False  # skip sources whose bytes equal an earlier one's (packer.dedup)
 
     def __post_init__(self) -> None:
+        for name in ("src", "out"):  # a str or os.PathLike given by hand
+            value: object = getattr(self, name)
+            if not isinstance(value, Path):
+                if not isinstance(value, (str, os.PathLike)):
+                    raise ConfigError(f"{name.upper()} {value!r}: expected a path (str or Path)")
+                object.__setattr__(self, name, Path(value))
         specs = (self.labels,) if isinstance(self.labels, str) else tuple(self.labels)
         if not specs:
             raise ConfigError("--labels: no label source given")

@@ -2,19 +2,21 @@
 
 IN is anything ``open_dataset`` reads: a packer dataset (either format), a bare PaddleOCR-layout
 LMDB, a bare MXNet ``.rec``/``.idx`` pair (InsightFace's header record skipped), or a directory
-of WebDataset ``.tar`` shards. The stored bytes and labels are kept. Records are read as stored
+of WebDataset ``.tar`` shards; or one or more Parquet files, or a directory of them
+(`packer.parquet_source`: the Hugging Face ``datasets`` layout, one image and its label per
+row). The stored bytes and labels are kept. Records are read as stored
 (``ShardFormat.read_stored`` and ``stored_records``: paddle is never imported), and only what
 the decode check needs is decoded: a packer dataset's records were checked when it was built
 and are taken with their index description (width, height, format, CRC-32, checked against the
-bytes), while a bare input's records pass `packer.prepare.prepare_bytes`, the same proof a
-build makes (``--no-decode-check``: headers only). OUT is written by `packer.repack` (or
-`packer.export` for ``--to webdataset|folder``).
+bytes), while a bare input's records, and a Parquet input's rows, pass
+`packer.prepare.prepare_bytes`, the same proof a build makes (``--no-decode-check``: headers
+only). OUT is written by `packer.repack` (or `packer.export` for ``--to webdataset|folder``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from packer.build import BuildSummary
-from packer.errors import ConfigError, InputError, PackerError
+from packer.errors import ConfigError, InputError, OutputExistsError, PackerError
 from packer.labels.common import nonfinite_label
 from packer.packed import PackedRecords
 from packer.problems import BAD_LABEL, UNREADABLE, Problem
@@ -42,14 +44,19 @@ class ConvertInputError(PackerError):
         super().__init__(
             f"IN {path}: {reason}; expected a packer dataset ({META_NAME}), "
             + ", ".join(f.bare_hint for f in BARE_FORMATS.values())
+            + ", or Parquet files (or a directory of them)"
         )
 
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """Everything ``packer convert`` was asked to do."""
+    """Everything ``packer convert`` was asked to do.
 
-    src: Path
+    `src` is one IN, or several: Parquet files (or directories of them) only. `image_column`
+    and `label_columns` choose a Parquet input's columns (None and (): guessed).
+    """
+
+    src: Path | tuple[Path, ...]
     out: Path
     format: str = next(iter(REGISTRY))
     to: str = "packer"
@@ -59,8 +66,16 @@ class ConvertConfig:
     overwrite: bool = False
     resume: bool = False
     progress: bool | None = None
+    image_column: str | None = None
+    label_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.src, str | os.PathLike):  # several INs, as a list or tuple
+            paths = tuple(Path(p) for p in self.src)
+            object.__setattr__(self, "src", paths[0] if len(paths) == 1 else paths)
+        if not self.inputs:
+            raise ConfigError("convert needs an IN")
+        object.__setattr__(self, "label_columns", tuple(self.label_columns))
         if self.to not in TARGETS:
             raise ConfigError(f"--to {self.to!r}: expected one of {', '.join(TARGETS)}")
         if self.resume and self.to != "packer":
@@ -69,6 +84,11 @@ class ConvertConfig:
                 "from the start (drop --resume)"
             )
         RepackConfig(self.out, self.format, self.shard_size, self.on_error)  # validates
+
+    @property
+    def inputs(self) -> tuple[Path, ...]:
+        """The INs, as a tuple of paths."""
+        return (Path(self.src),) if isinstance(self.src, str | os.PathLike) else self.src
 
 
 @dataclass
@@ -152,13 +172,54 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
     raise ConvertInputError(root, reason)
 
 
-def open_input(root: Path, *, decode_check: bool = True) -> ConvertInput:
-    """Open IN for conversion (no image is read yet).
+def _is_parquet(root: Path) -> bool:
+    """True when `root` is a Parquet file, or a directory of them that is no other input."""
+    from packer.parquet_source import is_parquet_file, parquet_files_under
+
+    if root.is_dir():
+        if (root / META_NAME).exists() or any(f.find_bare(root) for f in BARE_FORMATS.values()):
+            return False
+        return bool(parquet_files_under(root))
+    return is_parquet_file(root)
+
+
+def open_input(
+    root: Path | Sequence[Path],
+    *,
+    decode_check: bool = True,
+    image_column: str | None = None,
+    label_columns: Sequence[str] = (),
+) -> ConvertInput:
+    """Open IN (or several Parquet INs) for conversion; no image is read yet.
+
+    Only a Parquet input's image sizes are read, to plan the shards.
 
     Raises:
         ConvertInputError: IN is none of the inputs convert reads.
+        ConfigError: columns named for an input that is not Parquet, or that cannot serve.
         DatasetFormatError: IN is a packer dataset whose meta.json or index is damaged.
     """
+    roots = [root] if isinstance(root, str | os.PathLike) else [Path(r) for r in root]
+    if len(roots) > 1 or any(_is_parquet(Path(r)) for r in roots):
+        from packer.parquet_source import open_parquet
+
+        for other in roots:
+            if not _is_parquet(Path(other)):
+                reason = "nothing at that path" if not os.path.lexists(other) else "not Parquet"
+                raise ConvertInputError(
+                    Path(other), f"{reason} (several INs must all be Parquet files or folders)"
+                )
+        source = open_parquet(
+            [Path(r) for r in roots],
+            image_column=image_column,
+            label_columns=label_columns,
+            decode_check=decode_check,
+        )
+        return ConvertInput(source, "parquet")
+    root = Path(roots[0])
+    if image_column is not None or label_columns:
+        option = "--image-column" if image_column is not None else "--label-column"
+        raise ConfigError(f"{option} applies to Parquet input only; IN {root} is not Parquet")
     if (root / META_NAME).exists():
         try:
             return _open_packed(root)
@@ -174,7 +235,14 @@ def convert(cfg: ConvertConfig, *, log: Callable[[str], None] | None = None) -> 
         ConvertInputError: IN cannot be read.
         PackerError: see `packer.repack.repack` and `packer.export`.
     """
-    found = open_input(cfg.src, decode_check=cfg.decode_check)
+    if os.path.lexists(cfg.out) and cfg.to == "packer" and not (cfg.overwrite or cfg.resume):
+        raise OutputExistsError(str(cfg.out))  # as repack would, before IN is read
+    found = open_input(
+        cfg.inputs,
+        decode_check=cfg.decode_check,
+        image_column=cfg.image_column,
+        label_columns=cfg.label_columns,
+    )
     found.source.options = {
         **found.source.options,
         "converted_from": found.kind,

@@ -1,8 +1,77 @@
-"""PackerError and its subclasses: problems a user can fix, printed without a traceback."""
+"""PackerError and its subclasses: problems a user can fix, printed without a traceback.
+
+Every `PackerError` is reachable here (``packer.errors.<Name>``, listed in ``__all__``): those
+defined beside the code that raises them are imported from their module when first asked for,
+so that this module, which every other imports, stays free of import cycles.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from packer.convert import ConvertInputError
+    from packer.dupes import NotPackedError
+    from packer.engines import EngineError
+    from packer.labels.classmap import ClassGrowthError
+    from packer.mirror import RemoteSourceError
+    from packer.plan import OutputDiffersError
+    from packer.publish import StoreUnreachableError, UploadError
+    from packer.report_html import HtmlTargetError
+    from packer.swap import ExchangeUnsupportedError
+    from packer.writers.recordio import RecordTooLargeForShardError
+
+# the errors defined beside the code that raises them: name -> module
+_ELSEWHERE = {
+    "ClassGrowthError": "packer.labels.classmap",
+    "ConvertInputError": "packer.convert",
+    "EngineError": "packer.engines",
+    "ExchangeUnsupportedError": "packer.swap",
+    "HtmlTargetError": "packer.report_html",
+    "NotPackedError": "packer.dupes",
+    "OutputDiffersError": "packer.plan",
+    "RecordTooLargeForShardError": "packer.writers.recordio",
+    "RemoteSourceError": "packer.mirror",
+    "StoreUnreachableError": "packer.publish",
+    "UploadError": "packer.publish",
+}
+
+__all__ = [
+    "BuildLockedError",
+    "ClassGrowthError",
+    "ConfigError",
+    "ConvertInputError",
+    "DatasetMissingError",
+    "DiskFullError",
+    "EngineError",
+    "ExchangeUnsupportedError",
+    "HtmlTargetError",
+    "InputError",
+    "LabelSourceError",
+    "NotADatasetError",
+    "NotPackedError",
+    "OutputDiffersError",
+    "OutputExistsError",
+    "OutputParentError",
+    "PackerError",
+    "RecordTooLargeForShardError",
+    "RemoteSourceError",
+    "SampleTypeError",
+    "StoreUnreachableError",
+    "UnsafeOutputError",
+    "UploadError",
+    "WriterStateError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """An error defined in another module (`_ELSEWHERE`), imported when first asked for."""
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 class PackerError(Exception):
@@ -101,3 +170,11 @@ class OutputParentError(PackerError):
             "that directory"
         )
         self.out = out
+
+
+class SampleTypeError(PackerError, TypeError):
+    """``Writer.add`` was given an image or a label of a kind it cannot store."""
+
+
+class WriterStateError(PackerError):
+    """A `packer.Writer` was used after it was closed or aborted."""

@@ -224,7 +224,7 @@ def _publish(tmp: Path, out: Path) -> None:
 def _write(cfg: ConvertConfig, source: RepackSource, tmp: Path) -> tuple[BuildSummary, int]:
     """Write the export into `tmp`; return its summary and the number of renamed images."""
     problems = list(source.problems)
-    summary = BuildSummary(out=cfg.out)
+    summary = BuildSummary(out=cfg.out, export=cfg.to)
     shards = _TarShards(tmp, cfg.shard_size) if cfg.to == "webdataset" else None
     folder = FolderExport(tmp) if shards is None else None
     total = len(source.sizes)

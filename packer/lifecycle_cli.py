@@ -41,11 +41,12 @@ def _size(text: str) -> int:
 
 def convert(
     src: Annotated[
-        Path,
+        list[Path],
         typer.Argument(
             metavar="IN",
             help="A packer dataset, a bare PaddleOCR-layout LMDB, a bare .rec/.idx pair "
-            "(InsightFace's header record is skipped) or a directory of WebDataset .tar shards.",
+            "(InsightFace's header record is skipped), a directory of WebDataset .tar shards, "
+            "or Parquet files or a directory of them (the Hugging Face datasets layout).",
         ),
     ],
     out: Annotated[
@@ -88,15 +89,35 @@ def convert(
             "--progress/--no-progress", show_default="on a terminal", help="Progress bar."
         ),
     ] = None,
+    image_column: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            show_default="the one binary or bytes-and-path column",
+            help="Parquet IN: the column of encoded images (binary, or a struct with bytes and "
+            "path fields as the datasets Image feature stores it).",
+        ),
+    ] = None,
+    label_column: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            show_default="the one other column, if any",
+            help="Parquet IN: the label column; repeat it for a JSON object label of several.",
+        ),
+    ] = None,
 ) -> None:
-    """Convert IN to packer's format (or export it) keeping the stored bytes and labels."""
-    refuse_urls("convert", src, outputs=(out,))
+    """Convert IN to packer's format (or export it) keeping the stored bytes and labels.
+
+    Several INs are Parquet files (or directories of them), converted as one dataset in order.
+    """
+    refuse_urls("convert", *src, outputs=(out,))
     from packer.convert import ConvertConfig
     from packer.convert import convert as run_convert
 
     try:
         cfg = ConvertConfig(
-            src=src,
+            src=tuple(src),
             out=out,
             format=format,
             to=to,
@@ -106,6 +127,8 @@ def convert(
             overwrite=overwrite,
             resume=resume,
             progress=progress,
+            image_column=image_column,
+            label_columns=tuple(label_column or ()),
         )
         summary = run_convert(cfg)
     except (PackerError, ReaderError) as exc:

@@ -28,10 +28,10 @@ from readers.bucket_keys import (
 from readers.bucket_order import bucket_batches
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
 from readers.io.hints import resolve_chunk_size
-from readers.mixing import epoch_draws
 from readers.mixture import Mixture, mixture_of
 from readers.order import IntArray, check_nonneg
-from readers.resume import fingerprint, read_sampler_state, sampler_state
+from readers.resume import Segment, fingerprint, read_sampler_state, sampler_state
+from readers.reweight import changed_mixtures, reweighted_batches
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
@@ -214,28 +214,8 @@ class BucketBatchSampler(RankedEpochs):
         """The epoch's global batches, ``(flat, bounds, batch_bucket)`` (`bucket_batches`)."""
         epoch = self._epoch if epoch is None else int(epoch)
         if self._cache is None or self._cache[0] != epoch:
-            members, bucket_of = self._ids, self._bucket
-            if self._mix is not None:  # this epoch's draws, and their buckets
-                members = epoch_draws(
-                    self._mix.sources,
-                    self._mix.counts,
-                    seed=self._seed,
-                    epoch=epoch,
-                    shuffle=self._shuffle,
-                )
-                at = members if self._ids is None else np.searchsorted(self._ids, members)
-                bucket_of = self._bucket[at]
-            flat, bounds, bucket = bucket_batches(
-                members,
-                bucket_of,
-                batch_sizes=self._sizes,
-                chunk_size=self._chunk_size,
-                window=self._window,
-                seed=self._seed,
-                epoch=epoch,
-                shuffle=self._shuffle,
-                drop_last=self.drop_last,
-            )
+            history = self._history if epoch == self._epoch else ()
+            (flat, bounds, bucket), _ = _plan(self, self._mix, epoch, history)
             self._cache = (epoch, flat, bounds, bucket)
         return self._cache[1], self._cache[2], self._cache[3]
 
@@ -258,7 +238,8 @@ class BucketBatchSampler(RankedEpochs):
         self._offset = 0  # the resume offset is used once
 
     # ------------------------------------------------------------------ resume
-    def _params(self) -> dict[str, Any]:
+    def _params(self, mix: Mixture | None = None) -> dict[str, Any]:
+        mix = self._mix if mix is None else mix
         if self._buckets_crc is None:
             self._buckets_crc = fingerprint(self._bucket, self._ids)
         params = self._order_params() | {
@@ -270,7 +251,7 @@ class BucketBatchSampler(RankedEpochs):
             "buckets_crc32": self._buckets_crc,
             "records_crc32": self._dataset_crc32(self._dataset),
         }
-        return params if self._mix is None else params | self._mix.params()
+        return params if mix is None else params | mix.params()
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """The resume state (version 3, plain JSON; format in :mod:`readers.resume`).
@@ -300,24 +281,80 @@ class BucketBatchSampler(RankedEpochs):
             params=self._params(),
         )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, weights: Sequence[float] | None = None
+    ) -> None:
         """Resume: the next pass yields the rest of the saved epoch (see the class docstring).
+
+        ``weights=``: new mixture weights for the rest of the epoch and later ones, as
+        ``ChunkShuffleSampler.load_state_dict`` takes them; the consumed batches stay, the
+        rest of the epoch's draws is drawn with them and bucketed anew
+        (:func:`readers.reweight.reweighted_batches`).
 
         Raises:
             ValueError: the state is incomplete, of another sampler class or dataset, or was
                 saved with other parameters (key, boundaries, batch sizes, seed, ...).
         """
-        epoch, units = state.get("epoch"), self._num_ordered
-        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
-            units = self._batches_in(epoch)  # a mixture's epochs differ in length
+        mix, saved = changed_mixtures(self._mix, state, weights)
+        epoch, units, rest_of = state.get("epoch"), self._num_ordered, None
+        if (
+            isinstance(epoch, int)
+            and not isinstance(epoch, bool)
+            and epoch >= 0
+            and mix is not None
+        ):
+            n_saved = len(state.get("history") or ())
+
+            def rest_of(h: tuple[Segment, ...]) -> IntArray | None:  # a mixture's epochs differ
+                return _plan(self, mix if len(h) > n_saved else saved or mix, epoch, h)[1]
+
+            units = int(_plan(self, saved or mix, epoch, ())[0][2].size)
         r = read_sampler_state(
             state,
-            self._params(),
+            self._params(saved or mix),
             kind="BucketBatchSampler",
             world_size=self._world_size,
             num_units=units,
             drop_last=self._drop_last,
+            reweight_from=None if saved is None else saved.weights,
+            rest_of=rest_of,
         )
+        self._mix = mix
         self._set_history(r.epoch, r.history, r.rest)
         self._offset = r.position
         self._done = None
+        self._cache = None
+
+
+def _plan(
+    s: BucketBatchSampler, mix: Mixture | None, epoch: int, history: tuple[Segment, ...]
+) -> tuple[tuple[IntArray, IntArray, IntArray], IntArray | None]:
+    """The batches of ``epoch`` after ``history``, and the positions of its rest."""
+
+    def batches(members: IntArray | None, seed: int) -> tuple[IntArray, IntArray, IntArray]:
+        bucket_of = s._bucket
+        if members is not None:  # a mixture's draws, and their buckets
+            bucket_of = s._bucket[members if s._ids is None else np.searchsorted(s._ids, members)]
+        return bucket_batches(
+            s._ids if members is None else members,
+            bucket_of,
+            batch_sizes=s._sizes,
+            chunk_size=s._chunk_size,
+            window=s._window,
+            seed=seed,
+            epoch=epoch,
+            shuffle=s._shuffle,
+            drop_last=s.drop_last,
+        )
+
+    if mix is None:
+        return batches(None, s._seed), None
+    return reweighted_batches(
+        mix,
+        history,
+        epoch=epoch,
+        seed=s._seed,
+        shuffle=s._shuffle,
+        drop_last=s._drop_last,
+        batches=batches,
+    )

@@ -66,24 +66,31 @@ class Segment:
 
     ``position`` is units of every rank's share consumed (samplers), or loader batches for a
     ``ShardStream``, whose ``loader`` is then ``(batch_size, num_workers, drop_last_batch)``.
+    ``weights`` (a mixture's, :mod:`readers.reweight`) marks a change of weights after this
+    stretch: the stretch ran with them, and the epoch's unconsumed units (those a
+    ``drop_last`` split left unplanned included) were drawn anew with the next weights.
     """
 
     world_size: int
     position: int
     loader: tuple[int, int, bool] | None = None
+    weights: tuple[float, ...] | None = None
 
     def as_state(self) -> dict[str, Any]:
         """The segment as a JSON object of a state's ``history``."""
+        out: dict[str, Any]
         if self.loader is None:
-            return {"world_size": self.world_size, "position": self.position}
-        batch_size, num_workers, drop = self.loader
-        return {
-            "world_size": self.world_size,
-            "consumed_batches": self.position,
-            "batch_size": batch_size,
-            "num_workers": num_workers,
-            "drop_last_batch": drop,
-        }
+            out = {"world_size": self.world_size, "position": self.position}
+        else:
+            batch_size, num_workers, drop = self.loader
+            out = {
+                "world_size": self.world_size,
+                "consumed_batches": self.position,
+                "batch_size": batch_size,
+                "num_workers": num_workers,
+                "drop_last_batch": drop,
+            }
+        return out if self.weights is None else out | {"weights": list(self.weights)}
 
     @classmethod
     def from_state(cls, raw: Any, *, stream: bool) -> Segment:
@@ -96,14 +103,27 @@ class Segment:
         if not isinstance(raw, dict) or set(keys) - raw.keys():
             raise ValueError(f"a history entry of the state must hold {list(keys)}, got {raw!r}")
         check_nonneg("history world_size", raw["world_size"], 1)
+        weights = _saved_weights(raw.get("weights"))
         if not stream:
             check_nonneg("history position", raw["position"])
-            return cls(int(raw["world_size"]), int(raw["position"]))
+            return cls(int(raw["world_size"]), int(raw["position"]), None, weights)
         check_nonneg("history consumed_batches", raw["consumed_batches"])
         check_nonneg("history batch_size", raw["batch_size"], 1)
         check_nonneg("history num_workers", raw["num_workers"])
         loader = (int(raw["batch_size"]), int(raw["num_workers"]), bool(raw["drop_last_batch"]))
-        return cls(int(raw["world_size"]), int(raw["consumed_batches"]), loader)
+        return cls(int(raw["world_size"]), int(raw["consumed_batches"]), loader, weights)
+
+
+def _saved_weights(raw: Any) -> tuple[float, ...] | None:
+    """The ``weights`` of a history entry (None when absent), checked to be positive numbers."""
+    if raw is None:
+        return None
+    ok = isinstance(raw, list) and bool(raw)
+    for w in raw if ok else ():
+        ok = ok and isinstance(w, int | float) and not isinstance(w, bool) and w > 0
+    if not ok:
+        raise ValueError(f"a history entry's weights must be a list of numbers > 0, got {raw!r}")
+    return tuple(float(w) for w in raw)
 
 
 ConsumedInShare = Callable[[int, int], IntArray]
@@ -111,7 +131,12 @@ ConsumedInShare = Callable[[int, int], IntArray]
 
 
 def unconsumed_positions(
-    n: int, *, world_size: int, drop_last: bool, consumed: int | ConsumedInShare
+    n: int,
+    *,
+    world_size: int,
+    drop_last: bool,
+    consumed: int | ConsumedInShare,
+    keep_unplanned: bool = False,
 ) -> IntArray:
     """Positions of an order of ``n`` units that a run over ``world_size`` ranks left to yield.
 
@@ -121,16 +146,18 @@ def unconsumed_positions(
         drop_last: As the run split it: the last ``n % world_size`` units were not planned.
         consumed: ``k``: every rank consumed the first ``k`` units of its share; or a function
             of ``(rank, share_length)`` giving the positions in the share that rank consumed.
+        keep_unplanned: Keep the units a ``drop_last`` split left out as well (a change of
+            mixture weights draws every unconsumed unit anew).
 
     Returns:
-        The planned positions in ``[0, n)`` whose unit no rank consumed (directly or as a
-        padding copy), ascending, each once.
+        The planned positions in ``[0, n)`` (all with ``keep_unplanned``) whose unit no rank
+        consumed (directly or as a padding copy), ascending, each once.
     """
     check_nonneg("n", n)
     start, stop = rank_span(n, rank=0, world_size=world_size, drop_last=drop_last)
     per = stop - start
     keep = np.zeros(n, dtype=np.bool_)
-    keep[: min(per * world_size, n)] = True
+    keep[: n if keep_unplanned else min(per * world_size, n)] = True
     if n == 0 or per == 0:
         return np.flatnonzero(keep).astype(np.int64)
     if isinstance(consumed, int | np.integer):
@@ -177,7 +204,11 @@ def rest_positions(
         consumed = seg.position if consumed_of is None else consumed_of(seg)
         pos = pos[
             unconsumed_positions(
-                pos.size, world_size=seg.world_size, drop_last=drop_last, consumed=consumed
+                pos.size,
+                world_size=seg.world_size,
+                drop_last=drop_last,
+                consumed=consumed,
+                keep_unplanned=seg.weights is not None,
             )
         ]
     return pos

@@ -60,10 +60,13 @@ __all__ = [
     "MIX_TAG",
     "MixSource",
     "batch_order",
+    "batch_perm",
     "check_weights",
     "draws",
+    "draws_at",
     "epoch_draws",
     "epoch_order",
+    "interleave_perm",
     "mix_counts",
     "pass_order",
     "rank_share",
@@ -233,6 +236,34 @@ def draws(
     return np.concatenate(pieces), np.concatenate(starts)
 
 
+def draws_at(
+    src: MixSource, positions: IntArray, *, seed: int, source: int, shuffle: bool
+) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """The local ids at ``positions`` (ascending) of source ``source``'s passes, as `draws`.
+
+    Position ``p`` is sample ``p % m`` of pass ``p // m`` (``m`` the source's size); a segment
+    starts where the chunk or the pass changes.
+
+    Raises:
+        ValueError: positions of a source without samples.
+    """
+    if positions.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_)
+    m = src.size
+    if m == 0:
+        raise ValueError(f"source {source} has no (selected) samples, but it must give some")
+    sseed = source_seed(seed, source)
+    passes = positions // m
+    ids = np.empty(positions.size, dtype=np.int64)
+    for p in np.unique(passes).tolist():
+        sel = passes == p
+        ids[sel] = _pass(src, sseed, int(p), shuffle)[positions[sel] - int(p) * m]
+    chunk = np.searchsorted(src.chunk_lo(), ids, side="right")
+    start = np.ones(ids.size, dtype=np.bool_)
+    start[1:] = (chunk[1:] != chunk[:-1]) | (passes[1:] != passes[:-1])
+    return ids, start
+
+
 def epoch_draws(
     sources: Sequence[MixSource], counts: IntArray, *, seed: int, epoch: int, shuffle: bool = True
 ) -> IntArray:
@@ -308,24 +339,40 @@ def epoch_order(
     parts = _all_draws(sources, counts, seed=seed, epoch=epoch, shuffle=shuffle)
     rng = np.random.default_rng([int(seed), int(epoch), MIX_TAG])
     ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    starts = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.bool_)
-    if ids.size == 0:
-        return ids
-    seg_start = np.flatnonzero(starts)
-    seg_len = np.diff(np.append(seg_start, ids.size))
+    perm = interleave_perm([p[1] for p in parts], window=window, rng=rng, shuffle=shuffle)
+    order: IntArray = ids[perm]
+    return order
+
+
+def interleave_perm(
+    starts: Sequence[npt.NDArray[np.bool_]], *, window: int, rng: np.random.Generator, shuffle: bool
+) -> IntArray:
+    """How ``epoch_order`` arranges the sources' draws, as a permutation of their concatenation.
+
+    Args:
+        starts: Per source, the segment starts of its draws (`draws`).
+        window: Segments per shuffle block.
+        rng: The epoch's mixing generator.
+        shuffle: False: segments interleaved evenly, no block shuffle.
+    """
+    flags = np.concatenate(list(starts)) if starts else np.zeros(0, dtype=np.bool_)
+    n = flags.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    seg_start = np.flatnonzero(flags)
+    seg_len = np.diff(np.append(seg_start, n))
     keys = []
-    for _, s in parts:
+    for s in starts:
         k = int(np.count_nonzero(s))
         u = rng.random(k) if shuffle else np.full(k, 0.5)
         keys.append((np.arange(k) + u) / max(k, 1))
     perm = np.argsort(np.concatenate(keys), kind="stable")
     plen = seg_len[perm]
     out_start = np.cumsum(plen) - plen
-    pos = np.repeat(seg_start[perm] - out_start, plen) + np.arange(ids.size, dtype=np.int64)
-    order = ids[pos]
+    pos = np.repeat(seg_start[perm] - out_start, plen) + np.arange(n, dtype=np.int64)
     if shuffle:
-        order = order[_block_shuffle(starts[pos], window, rng)]
-    return order
+        pos = pos[_block_shuffle(flags[pos], window, rng)]
+    return pos.astype(np.int64, copy=False)
 
 
 def batch_order(
@@ -352,11 +399,40 @@ def batch_order(
     counts = composition * int(num_batches)
     parts = _all_draws(sources, counts, seed=seed, epoch=epoch, shuffle=shuffle)
     rng = np.random.default_rng([int(seed), int(epoch), MIX_TAG])
-    columns = []
-    for (ids, starts), b in zip(parts, composition.tolist(), strict=True):
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    perm = batch_perm(
+        [p[1] for p in parts],
+        composition,
+        num_batches=num_batches,
+        window=window,
+        rng=rng,
+        shuffle=shuffle,
+    )
+    order: IntArray = ids[perm]
+    return order
+
+
+def batch_perm(
+    starts: Sequence[npt.NDArray[np.bool_]],
+    composition: IntArray,
+    *,
+    num_batches: int,
+    window: int,
+    rng: np.random.Generator,
+    shuffle: bool,
+) -> IntArray:
+    """How ``batch_order`` arranges the sources' draws, as a permutation of their concatenation.
+
+    Source ``i`` gives ``num_batches * composition[i]`` draws, whose segment starts are
+    ``starts[i]``.
+    """
+    columns, first = [], 0
+    for s, b in zip(starts, composition.tolist(), strict=True):
+        idx = first + np.arange(s.size, dtype=np.int64)
+        first += s.size
         if shuffle:
-            ids = ids[_block_shuffle(starts, window, rng)]
-        columns.append(ids.reshape(int(num_batches), int(b)))
+            idx = idx[_block_shuffle(s, window, rng)]
+        columns.append(idx.reshape(int(num_batches), int(b)))
     table = np.hstack(columns) if columns else np.zeros((num_batches, 0), dtype=np.int64)
     if shuffle and table.size:
         table = np.take_along_axis(table, np.argsort(rng.random(table.shape), axis=1), axis=1)

@@ -48,6 +48,12 @@ code that reads only version 2 would split by samples, so it must refuse it: eve
 state is written as version 3. Versions 2 and 1 still load: a version 2 state means the same as
 version 3 (its ``mix="batch"`` states never carry a history), and version 1, written before
 elastic resume, is a version 2 state without ``kind``, ``history`` and ``records_crc32``.
+Version 4 is a version 3 state whose ``history`` records a change of mixture weights
+(``load_state_dict(state, weights=...)``, :mod:`readers.reweight`): a history entry then also
+carries ``"weights"``, the weights that stretch ran with, and the epoch's unconsumed units
+after it were drawn anew with the next weights (the state's ``weights`` are the current ones).
+Code that reads only version 3 would ignore that and mis-order the rest, so such a state is
+written as version 4; a state without such an entry is still written as version 3.
 
 *Refusals.* A state is refused, with a message naming each parameter that differs (saved
 value, current value), when it belongs to another class, another dataset (``records_crc32``,
@@ -63,7 +69,7 @@ keys.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +88,7 @@ from readers.order import IntArray, check_nonneg
 
 __all__ = [
     "ADDED_IN_2",
+    "REWEIGHTED_STATE_VERSION",
     "SAMPLER_READABLE",
     "SAMPLER_STATE_VERSION",
     "STREAM_READABLE",
@@ -102,8 +109,9 @@ __all__ = [
 ]
 
 SAMPLER_STATE_VERSION = 3
-SAMPLER_READABLE = (1, 2, 3)
-STREAM_READABLE = (1, 2)
+REWEIGHTED_STATE_VERSION = 4
+SAMPLER_READABLE = (1, 2, 3, 4)
+STREAM_READABLE = (1, 2, 3)
 ADDED_IN_2 = {"records_crc32"}  # parameters a version 1 state does not record
 
 # Parameters that describe the dataset rather than the order: a mismatch in one of them means
@@ -186,7 +194,11 @@ def rest_after(
     """The positions of the global order left after `seg` consumed its part of `rest`."""
     base = np.arange(left, dtype=np.int64) if rest is None else rest
     keep = unconsumed_positions(
-        left, world_size=seg.world_size, drop_last=drop_last, consumed=consumed
+        left,
+        world_size=seg.world_size,
+        drop_last=drop_last,
+        consumed=consumed,
+        keep_unplanned=seg.weights is not None,
     )
     return base[keep]
 
@@ -241,9 +253,14 @@ def sampler_state(
     history: Sequence[Segment],
     params: dict[str, Any],
 ) -> dict[str, Any]:
-    """A sampler state of `SAMPLER_STATE_VERSION` (module docstring): plain JSON types only."""
+    """A sampler state (module docstring): plain JSON types only.
+
+    Its version is `SAMPLER_STATE_VERSION`, or `REWEIGHTED_STATE_VERSION` when its history
+    records a change of mixture weights.
+    """
+    changed = any(seg.weights is not None for seg in history)
     state = {
-        "version": SAMPLER_STATE_VERSION,
+        "version": REWEIGHTED_STATE_VERSION if changed else SAMPLER_STATE_VERSION,
         "kind": kind,
         "epoch": int(epoch),
         "world_size": int(world_size),
@@ -262,6 +279,8 @@ def read_sampler_state(
     num_units: int,
     drop_last: bool,
     unit: int = 1,
+    reweight_from: tuple[float, ...] | None = None,
+    rest_of: Callable[[tuple[Segment, ...]], IntArray | None] | None = None,
 ) -> SamplerResume:
     """The resume point of a saved sampler state, checked against the sampler's parameters.
 
@@ -275,6 +294,12 @@ def read_sampler_state(
         unit: Positions the state counts per unit: 1, or the batch size of a ``mix="batch"``
             mixture, whose state counts samples while ranks split whole batches. A change of
             world size then needs a position of whole batches.
+        reweight_from: The state's mixture weights when the sampler continues with others
+            (``load_state_dict(state, weights=...)``; `params` then holds the saved weights):
+            the saved stretch is closed as a history entry carrying them, and the rest
+            (every unconsumed unit, :mod:`readers.reweight`) starts at position 0.
+        rest_of: The rest of the epoch after a history (default `rest_positions`), for a
+            sampler whose change of weights changes the number of units (buckets).
 
     Raises:
         ValueError: the state is incomplete, of another version or class, of another dataset,
@@ -298,9 +323,12 @@ def read_sampler_state(
     history = saved_history(state, stream=False)
     for seg in history:
         _check_whole_units(seg.position, unit, seg.world_size, "a history entry's position")
-    rest = rest_positions(
-        num_units, history, drop_last=drop_last, consumed_of=lambda seg: seg.position // unit
-    )
+    if rest_of is None:
+        rest = rest_positions(
+            num_units, history, drop_last=drop_last, consumed_of=lambda seg: seg.position // unit
+        )
+    else:
+        rest = rest_of(history)
     left = num_units if rest is None else rest.size
     length = rank_length(left, int(saved_size), drop_last)
     if position > length * unit:
@@ -308,6 +336,15 @@ def read_sampler_state(
             f"saved position {position} exceeds a rank's {length * unit} "
             f"{'units' if unit == 1 else 'samples'} (world size {saved_size})"
         )
+    if reweight_from is not None:
+        _check_whole_units(
+            int(position), unit, int(saved_size), "the saved position", "change the weights"
+        )
+        seg = Segment(int(saved_size), int(position), weights=reweight_from)
+        if rest_of is not None:
+            return SamplerResume(int(epoch), 0, (*history, seg), rest_of((*history, seg)))
+        rest = rest_after(seg, rest, left, drop_last=drop_last, consumed=seg.position // unit)
+        return SamplerResume(int(epoch), 0, (*history, seg), rest)
     if saved_size == world_size or position == 0:
         return SamplerResume(
             int(epoch), int(position) if saved_size == world_size else 0, history, rest
@@ -318,12 +355,15 @@ def read_sampler_state(
     return SamplerResume(int(epoch), 0, (*history, seg), rest)
 
 
-def _check_whole_units(position: int, unit: int, saved_size: int, what: str) -> None:
+def _check_whole_units(
+    position: int, unit: int, saved_size: int, what: str, to: str = "resume at another world size"
+) -> None:
     """Refuse a position inside a unit (a mix="batch" batch) where ranks re-split the rest."""
     if position % unit:
         raise ValueError(
-            f"cannot resume at another world size: {what} ({position} samples, saved with "
+            f"cannot {to}: {what} ({position} samples, saved with "
             f"world_size={saved_size}) falls inside a mixed batch of {unit}; with mix='batch' "
             f"ranks split whole batches, so save state_dict(consumed_batches=k) (or a multiple "
-            f"of {unit} samples), or resume at world_size={saved_size}"
+            f"of {unit} samples)"
+            + (f", or resume at world_size={saved_size}" if "world size" in to else "")
         )

@@ -37,6 +37,7 @@ from readers.order import (
     split_for_rank,
 )
 from readers.resume import Segment, read_sampler_state, sampler_state
+from readers.reweight import changed_mixtures, reweighted_order
 from readers.selection import SizedDataset, dataset_bounds, select_ids
 
 __all__ = [
@@ -215,9 +216,7 @@ class ChunkShuffleSampler(RankedEpochs):
                     self._bounds, epoch=epoch, window=self._window, ids=self._ids
                 )
             elif self._rest is not None and epoch == self._epoch:  # after an elastic load
-                order = self._mix.order(
-                    epoch, window=self._window, seed=self._seed, shuffle=self._shuffle
-                )
+                order = _mixed_order(self, self._mix, epoch)
                 share = self._share_of(order, epoch)
             else:
                 share = self._mix.rank_share(epoch, window=self._window, **self._split_args())
@@ -280,14 +279,17 @@ class ChunkShuffleSampler(RankedEpochs):
         self._finish_pass(p)
 
     # ------------------------------------------------------------------ resume
-    def _params(self) -> dict[str, Any]:
+    def _params(self, mix: Mixture | None = None) -> dict[str, Any]:
+        mix = self._mix if mix is None else mix
         params = self._order_params() | {
             "window": self._window,
             "num_selected": self._num_ordered,
             "selection_crc32": self._layout_crc32(self._bounds, self._ids),
             "records_crc32": self._dataset_crc32(self._dataset),
         }
-        return params if self._mix is None else params | self._mix.params()
+        if mix is None:
+            return params
+        return params | mix.params() | {"chunk_size": mix.mean_chunk_size()}
 
     def state_dict(self, consumed_samples: int | None = None) -> dict[str, Any]:
         """The resume state: epoch, position in this rank's share, and the order parameters.
@@ -320,30 +322,60 @@ class ChunkShuffleSampler(RankedEpochs):
             params=self._params(),
         )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, weights: Sequence[float] | None = None
+    ) -> None:
         """Resume: the next pass yields the rest of the saved epoch.
 
         At the saved world size, from the saved position of this rank's share; at another,
         this rank's share of the samples no rank had consumed (see the class docstring).
 
+        Args:
+            state: As ``state_dict`` saved it.
+            weights: A mixture's new weights for the rest of the saved epoch and later epochs:
+                the consumed samples stay consumed, the epoch's other draws are drawn anew by
+                these weights and split over the ranks as an elastic resume splits them
+                (:mod:`readers.reweight`). Without it, a state of other weights is refused.
+
         Raises:
             ValueError: the state is incomplete, of another dataset or selection of samples,
                 or was saved with other order parameters (the order would differ, so resuming
-                would repeat some samples and skip others).
+                would repeat some samples and skip others); or ``weights`` are bad.
         """
+        mix, saved = changed_mixtures(self._mix, state, weights)
         r = read_sampler_state(
             state,
-            self._params(),
+            self._params(saved or mix),
             kind="ChunkShuffleSampler",
             world_size=self._world_size,
             num_units=self._num_ordered // self._unit,
             drop_last=self._drop_last,
             unit=self._unit,
+            reweight_from=None if saved is None else saved.weights,
         )
+        if mix is not self._mix and mix is not None:  # new weights: new counts, chunk mean
+            self._mix, self._chunk_size = mix, mix.mean_chunk_size()
+            self._lookahead = lookahead_samples(
+                self._dataset, chunk_size=mix.mean_chunk_size(), window=self._window
+            )
         self._set_history(r.epoch, r.history, r.rest)
         self._offset = r.position
         self._pass = None
         self._cache = None
+
+
+def _mixed_order(s: ChunkShuffleSampler, mix: Mixture, epoch: int) -> IntArray:
+    """The global order of a mixture's ``epoch``, after any change of weights in its history."""
+    return reweighted_order(
+        mix,
+        s.history if epoch == s.epoch else (),
+        epoch=epoch,
+        window=s._window,
+        seed=s._seed,
+        shuffle=s._shuffle,
+        drop_last=s._drop_last,
+        unit=s._unit,
+    )
 
 
 class ChunkShuffleBatchSampler:
@@ -457,6 +489,8 @@ class ChunkShuffleBatchSampler:
             consumed_samples = min(consumed_batches * self.batch_size, len(self.sampler))
         return self.sampler.state_dict(consumed_samples)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """See :meth:`ChunkShuffleSampler.load_state_dict`."""
-        self.sampler.load_state_dict(state)
+    def load_state_dict(
+        self, state: dict[str, Any], *, weights: Sequence[float] | None = None
+    ) -> None:
+        """See :meth:`ChunkShuffleSampler.load_state_dict` (``weights=``: new mixture weights)."""
+        self.sampler.load_state_dict(state, weights=weights)

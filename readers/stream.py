@@ -80,6 +80,7 @@ from typing import Any
 import paddle
 
 from readers.concat import open_stream_sources
+from readers.elastic import ConsumedInShare, Segment, stream_consumed
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
 from readers.io.hints import DEFAULT_CHUNK_SIZE, resolve_chunk_size
 from readers.mixture import Mixture, mixture_of
@@ -93,6 +94,7 @@ from readers.order import (
     worker_counts,
     worker_slice,
 )
+from readers.reweight import changed_mixtures, reweighted_order
 from readers.selection import SizedDataset, dataset_bounds
 from readers.stream_reader import serve
 from readers.stream_resume import StreamResume, loader_shape, read_stream_state, stream_state
@@ -365,8 +367,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         if self._mix is None:
             return self._rank_share(self._bounds, epoch=epoch, window=0)
         if self._rest is not None and epoch == self._epoch:  # after an elastic load
-            order = self._mix.order(epoch, window=0, seed=self._seed, shuffle=self._shuffle)
-            return self._share_of(order, epoch)
+            return self._share_of(_stream_order(self, self._mix, epoch), epoch)
         return self._mix.rank_share(epoch, window=0, **self._split_args())
 
     def _worker_plan(self, epoch: int, worker: int, num_workers: int) -> tuple[IntArray, IntArray]:
@@ -441,14 +442,17 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         )
 
     # ------------------------------------------------------------------ resume
-    def _params(self) -> dict[str, Any]:
+    def _params(self, mix: Mixture | None = None) -> dict[str, Any]:
+        mix = self._mix if mix is None else mix
         params = self._order_params() | {
             "shuffle_buffer": self._buffer,
             "num_samples": int(self._bounds[-1]),
             "shards_crc32": self._layout_crc32(self._bounds),
             "records_crc32": self._dataset_crc32(self.dataset),
         }
-        return params if self._mix is None else params | self._mix.params()
+        if mix is None:
+            return params
+        return params | mix.params() | {"chunk_size": mix.mean_chunk_size()}
 
     def state_dict(
         self,
@@ -484,31 +488,26 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             loader=loader,
         )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], *, weights: Sequence[float] | None = None
+    ) -> None:
         """Resume: passes over the saved epoch continue where the saved run stopped.
 
         The resume point holds until ``set_epoch`` chooses another epoch (whatever the number
         of workers: a worker's copy cannot report back that its pass ended). At the saved
         world size, iterate with a loader of the saved ``batch_size``, ``num_workers`` and
         ``drop_last``; at another, this rank yields its share of the samples no rank had
-        consumed, with any loader (see the module docstring).
+        consumed, with any loader (see the module docstring). ``weights=``: new mixture
+        weights for the rest of the epoch and later ones, as
+        ``ChunkShuffleSampler.load_state_dict`` takes them (the rest is split as at another
+        world size; the shuffle buffer stays the one built).
 
         Raises:
             ValueError: the state is incomplete, of another dataset, or was saved with other
                 order parameters (the order would differ, so resuming would repeat some
-                samples and skip others).
+                samples and skip others); or ``weights`` are bad.
         """
-        restart = read_stream_state(
-            state,
-            self._params(),
-            world_size=self._world_size,
-            num_units=self._num_ordered,
-            drop_last=self._drop_last,
-            seed=self._seed,
-            buffer=self._buffer,
-        )
-        self._set_history(restart.epoch, restart.history, restart.rest)
-        self._resume = restart.resume
+        _load(self, state, weights)
 
     @property
     def start_batch(self) -> int:
@@ -518,3 +517,40 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
         without a load).
         """
         return 0 if self._resume is None else self._resume.consumed_batches
+
+
+def _load(s: ShardStream, state: dict[str, Any], weights: Sequence[float] | None) -> None:
+    """``s.load_state_dict(state, weights=weights)``."""
+    mix, saved = changed_mixtures(s._mix, state, weights)
+    restart = read_stream_state(
+        state,
+        s._params(saved or mix),
+        world_size=s._world_size,
+        num_units=s._num_ordered,
+        drop_last=s._drop_last,
+        seed=s._seed,
+        buffer=s._buffer,
+        reweight_from=None if saved is None else saved.weights,
+    )
+    if mix is not s._mix and mix is not None:  # new weights: new counts, chunk mean
+        s._mix, s._chunk_size = mix, mix.mean_chunk_size()
+    s._set_history(restart.epoch, restart.history, restart.rest)
+    s._resume = restart.resume
+
+
+def _stream_order(s: ShardStream, mix: Mixture, epoch: int) -> IntArray:
+    """The global order of a mixture's ``epoch``, after any change of weights in its history."""
+
+    def consumed_of(seg: Segment) -> ConsumedInShare:
+        return stream_consumed(seg, seed=s._seed, epoch=epoch, buffer=s._buffer)
+
+    return reweighted_order(
+        mix,
+        s.history if epoch == s.epoch else (),
+        epoch=epoch,
+        window=0,
+        seed=s._seed,
+        shuffle=s._shuffle,
+        drop_last=s._drop_last,
+        consumed_of=consumed_of,
+    )

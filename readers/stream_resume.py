@@ -5,6 +5,8 @@ It resumes at the saved world size (exact continuation) or another (elastic resu
 The format is a version 2 state of :mod:`readers.resume` with ``"kind": "ShardStream"``:
 ``consumed_batches``, ``consumed_samples``, ``batch_size``, ``num_workers``,
 ``drop_last_batch`` in place of ``position``, and ``history`` entries with the same keys.
+Version 3 is a version 2 state whose history records a change of mixture weights (an entry
+with ``weights``, :mod:`readers.reweight`); it is written only then, so older code refuses it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from readers.resume import (
 )
 
 __all__ = [
+    "REWEIGHTED_STREAM_VERSION",
     "STREAM_STATE_VERSION",
     "StreamRestart",
     "StreamResume",
@@ -43,6 +46,7 @@ __all__ = [
 ]
 
 STREAM_STATE_VERSION = 2
+REWEIGHTED_STREAM_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -155,8 +159,9 @@ def stream_state(
     counts = worker_counts(length, num_workers)
     _, _, size = loader_batches(counts, batch_size=batch_size, drop_last=drop)
     k = _batches_consumed(size, consumed_samples, consumed_batches, num_workers)
+    changed = any(seg.weights is not None for seg in history)
     state = {
-        "version": STREAM_STATE_VERSION,
+        "version": REWEIGHTED_STREAM_VERSION if changed else STREAM_STATE_VERSION,
         "kind": "ShardStream",
         "epoch": epoch,
         "world_size": int(world_size),
@@ -179,6 +184,7 @@ def read_stream_state(
     drop_last: bool,
     seed: int,
     buffer: int,
+    reweight_from: tuple[float, ...] | None = None,
 ) -> StreamRestart:
     """The resume point of a saved stream state, checked against the stream's parameters.
 
@@ -190,6 +196,9 @@ def read_stream_state(
         drop_last: The stream's ``drop_last``.
         seed: The stream's seed (what its workers' buffers draw from).
         buffer: The stream's ``shuffle_buffer``.
+        reweight_from: The state's mixture weights when the stream continues with others
+            (`params` then holds the saved weights): the saved stretch is closed as a history
+            entry carrying them, and the rest (every unconsumed sample) is split afresh.
 
     Raises:
         ValueError: the state is incomplete, of another kind or version, of another dataset,
@@ -233,6 +242,11 @@ def read_stream_state(
     worker, _, size = loader_batches(counts, batch_size=batch_size, drop_last=drop)
     if k > size.size:
         raise ValueError(f"saved consumed_batches={k} exceeds the {size.size} batches")
+    if reweight_from is not None:
+        loader = (int(batch_size), int(num_workers), drop)
+        seg = Segment(int(saved_size), int(k), loader, weights=reweight_from)
+        rest = rest_after(seg, rest, left, drop_last=drop_last, consumed=consumed_of(seg))
+        return StreamRestart(int(epoch), None, (*history, seg), rest)
     if saved_size == world_size:
         skip = np.bincount(worker[:k], weights=size[:k], minlength=counts.size)
         resume = StreamResume(

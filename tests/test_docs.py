@@ -134,7 +134,11 @@ def publish_to_s3(request: pytest.FixtureRequest, data: Path) -> None:
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("doc", [d for d in doc_files() if python_blocks(d)], ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize(
+    "doc",
+    [d for d in doc_files() if python_blocks(d)],
+    ids=lambda p: p.relative_to(ROOT).as_posix(),
+)
 def test_python_blocks_run(
     doc: Path, doc_data: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -20,7 +20,7 @@ COMMANDS = {  # command -> its usage line after "Usage: packer CMD [OPTIONS]"
     "info": "OUT",
     "bench": "OUT",
     "stage": "OUT DIR",
-    "convert": "IN OUT",
+    "convert": "IN... OUT",
     "append": "OUT SRC",
     "merge": "OUT SRC...",
     "split": "OUT DIR",

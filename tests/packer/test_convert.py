@@ -209,6 +209,8 @@ def test_to_webdataset_reads_back(packed: Any, tmp_path: Path) -> None:
     result = runner.invoke(app, ["convert", str(packed.path), str(out), "--to", "webdataset"])
     assert result.exit_code == 0, result.output
     tars = sorted(str(p) for p in out.glob("*.tar"))
+    assert f"exported {len(packed.files)} images" in result.output
+    assert f"into {len(tars)} tar shard" in result.output
     samples = list(webdataset.WebDataset(tars, shardshuffle=False))
     names = sorted(packed.files)
     assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(len(names))]
@@ -225,7 +227,9 @@ def test_to_webdataset_reads_back(packed: Any, tmp_path: Path) -> None:
 
 def test_to_folder_class_folders_file_by_file(packed: Any, tmp_path: Path) -> None:
     out = tmp_path / "folder"
-    convert(ConvertConfig(packed.path, out, to="folder"))
+    summary = convert(ConvertConfig(packed.path, out, to="folder"))
+    assert summary.line().startswith(f"exported {len(packed.files)} images (")
+    assert " as image files, skipped 0, " in summary.line()
     written = {
         p.relative_to(out).as_posix(): p.read_bytes()
         for p in out.rglob("*")

@@ -368,6 +368,6 @@ def test_without_ray_installed_the_error_says_what_to_install(
 ) -> None:
     src = make_source(tmp_path, bad=False)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    with pytest.raises(ConfigError, match=r"needs Ray on every node: pip install ray .*'\.\[ray\]'"):
+    with pytest.raises(ConfigError, match=r"needs Ray on every node: pip install ray"):
         build(cfg(src, tmp_path / "out", engine="ray"))
     assert not temp_dir_for(tmp_path / "out").exists()

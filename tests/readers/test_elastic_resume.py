@@ -790,6 +790,6 @@ def test_a_version_2_mix_batch_state_loads_at_any_size() -> None:
     resumed.load_state_dict(state)
     assert len(resumed) == 30 - 2 * 2
     with pytest.raises(
-        ValueError, match=r"version 4 is not supported \(this version reads 1, 2, 3"
+        ValueError, match=r"version 5 is not supported \(this version reads 1, 2, 3, 4\)"
     ):
-        resumed.load_state_dict(state | {"version": 4})
+        resumed.load_state_dict(state | {"version": 5})
