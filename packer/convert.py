@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ from packer.build import BuildSummary
 from packer.errors import ConfigError, InputError, PackerError
 from packer.labels.common import nonfinite_label
 from packer.packed import PackedRecords
-from packer.problems import BAD_LABEL, UNREADABLE, Problem
+from packer.problems import BAD_LABEL, UNREADABLE, WH_MISMATCH, Note, Problem
+from packer.records import Record
 from packer.repack import Item, RepackConfig, RepackSource, repack
 from readers.errors import ReaderError
 from readers.formats import BARE_FORMATS, REGISTRY
@@ -124,7 +125,9 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
 
         def read(start: int, stop: int, stored: Any = stored) -> Iterator[Item]:
             names = stored.names
+            stated = stored.stated_sizes(start, stop) if stored.stated_sizes else None
             for i, item in zip(range(start, stop), stored.read(start, stop), strict=True):
+                wh = None if stated is None else next(stated)
                 if isinstance(item, str):
                     yield Problem(names[i], UNREADABLE, item)
                 elif isinstance(item, StoredProblem):
@@ -135,7 +138,8 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
                     if bad is not None:  # as a build refuses it: no JSON holds NaN
                         yield Problem(names[i], BAD_LABEL, bad)
                         continue
-                    yield prepare_bytes(names[i], data, label, decode_check=decode_check)
+                    done = prepare_bytes(names[i], data, label, decode_check=decode_check)
+                    yield done if wh is None else _check_stated_size(done, wh)
 
         source = RepackSource(
             sizes=stored.sizes,
@@ -150,6 +154,28 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
         return ConvertInput(source, fmt.name)
     reason = "nothing at that path" if not root.exists() else "none of these"
     raise ConvertInputError(root, reason)
+
+
+def _check_stated_size(item: Record | Problem, raw: bytes) -> Record | Problem:
+    """`item` with a ``wh_mismatch`` note when the input's ``wh-`` value `raw` is not its size.
+
+    The index takes width and height from the image itself; PaddleOCR's ``RatioDataSet`` on
+    the input would have bucketed by `raw`.
+    """
+    if not isinstance(item, Record):
+        return item
+    from readers.formats.lmdb import encode_wh
+
+    found = encode_wh(item.width, item.height)
+    if raw.strip() == found:
+        return item
+    note = Note(
+        item.rel,
+        WH_MISMATCH,
+        f"the input's wh- key says {raw[:40].decode('ascii', 'replace')!r}, the image is "
+        f"{found.decode()} (width_height); packed with its own size",
+    )
+    return replace(item, notes=(*item.notes, note))
 
 
 def open_input(root: Path, *, decode_check: bool = True) -> ConvertInput:

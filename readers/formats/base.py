@@ -51,6 +51,9 @@ class StoredRecords:
         label_source: how the labels were found (for meta.json).
         problems: what of the input is not among the records and is not converted (a damaged
             stretch of a file, a member beside a sample's image), found when it was opened.
+        stated_sizes: None, or ``stated_sizes(start, stop)`` yields, per record, the raw size
+            the input states without decoding (an LMDB's ``wh-%09d`` value, ``b"W_H"``), or
+            None where it states none.
     """
 
     files: list[Path]
@@ -59,6 +62,7 @@ class StoredRecords:
     read: Callable[[int, int], Iterator[StoredItem]]
     label_source: str = "none"
     problems: list[StoredProblem] = field(default_factory=list)
+    stated_sizes: Callable[[int, int], Iterator[bytes | None]] | None = None
 
 
 class ShardFormat:
