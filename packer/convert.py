@@ -30,7 +30,7 @@ from packer.records import Record
 from packer.repack import Item, RepackConfig, RepackSource, repack
 from readers.errors import ReaderError
 from readers.formats import BARE_FORMATS, REGISTRY
-from readers.formats.base import StoredProblem
+from readers.formats.base import StatedSize, StoredProblem
 from readers.formats.layout import META_NAME
 
 TARGETS = ("packer", "webdataset", "folder")
@@ -156,24 +156,19 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
     raise ConvertInputError(root, reason)
 
 
-def _check_stated_size(item: Record | Problem, raw: bytes) -> Record | Problem:
-    """`item` with a ``wh_mismatch`` note when the input's ``wh-`` value `raw` is not its size.
+def _check_stated_size(item: Record | Problem, stated: StatedSize) -> Record | Problem:
+    """`item` with a ``wh_mismatch`` note when the size the input states is not the image's.
 
-    The index takes width and height from the image itself; PaddleOCR's ``RatioDataSet`` on
-    the input would have bucketed by `raw`.
+    The index takes width and height from the image itself; a tool that trusts the stated
+    size (PaddleOCR's ``RatioDataSet`` reads an LMDB's ``wh-%09d``) would have used the other.
     """
-    if not isinstance(item, Record):
-        return item
-    from readers.formats.lmdb import encode_wh
-
-    found = encode_wh(item.width, item.height)
-    if raw.strip() == found:
+    if not isinstance(item, Record) or stated.size == (item.width, item.height):
         return item
     note = Note(
         item.rel,
         WH_MISMATCH,
-        f"the input's wh- key says {raw[:40].decode('ascii', 'replace')!r}, the image is "
-        f"{found.decode()} (width_height); packed with its own size",
+        f"the input's {stated.shown}, the image is {item.width}x{item.height} (width x "
+        "height); packed with its own size",
     )
     return replace(item, notes=(*item.notes, note))
 

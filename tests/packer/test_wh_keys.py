@@ -221,8 +221,8 @@ def test_convert_of_a_bare_lmdb_with_wh_keys(tmp_path: Path) -> None:
         ("image-000000003", "wh_mismatch", 2),
     ]
     assert warnings[0]["message"] == (
-        "the input's wh- key says '30_25', the image is 25_30 (width_height); packed with its "
-        "own size"
+        "the input's wh-000000002 is '30_25', the image is 25x30 (width x height); packed "
+        "with its own size"
     )
     _assert_sizes_agree(out)
     assert verify(out) == []

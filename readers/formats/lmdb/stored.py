@@ -7,9 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from readers.errors import DatasetFormatError
-from readers.formats.base import StoredItem, StoredProblem, StoredRecords
+from readers.formats.base import StatedSize, StoredItem, StoredProblem, StoredRecords
 from readers.formats.lmdb.env import shared_lmdb
-from readers.formats.lmdb.keys import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key, wh_key
+from readers.formats.lmdb.keys import (
+    DATA_FILE,
+    NUM_SAMPLES_KEY,
+    image_key,
+    label_key,
+    parse_wh,
+    wh_key,
+)
 
 
 def bare_count(root: Path, txn: Any, entries: int) -> int:
@@ -100,10 +107,15 @@ def bare_records(root: Path) -> StoredRecords:
                 bad = bad_label_text(label_key(local), raw)
                 yield bad if bad is not None else (bytes(value), raw.decode("utf-8"))
 
-    def stated_sizes(start: int, stop: int) -> Iterator[bytes | None]:
+    def stated_sizes(start: int, stop: int) -> Iterator[StatedSize | None]:
         with env.begin() as txn:
             for local in range(start + 1, stop + 1):
-                yield txn.get(wh_key(local))
+                raw = txn.get(wh_key(local))
+                if raw is None:
+                    yield None
+                    continue
+                shown = f"{wh_key(local).decode()} is {raw[:40].decode('ascii', 'replace')!r}"
+                yield StatedSize(shown, parse_wh(raw))
 
     names = [image_key(local).decode() for local in range(1, count + 1)]
     return StoredRecords(
