@@ -96,7 +96,7 @@ def _check_shard_counts(shards: _Shards, report: Report) -> None:
         if txn is None:
             continue
         try:
-            if not _has_wh_keys(txn):
+            if int(info["count"]) and not _has_wh_keys(txn):
                 shards.without_wh.add(number)
             keys = 2 if number in shards.without_wh else 3
             _check_shard_count(txn, shards.env, info, keys, report)
