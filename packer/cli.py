@@ -284,17 +284,20 @@ def verify(
     """Check a dataset: exit 0 when intact, else print each problem and exit 1."""
     from packer.verify import verify as run_verify
 
+    notes: list[str] = []
     if is_url(out):
         from packer.remote import verify_url
 
         try:
-            problems = verify_url(out, deep=deep)
+            problems = verify_url(out, deep=deep, notes=notes)
         except StorageExtraMissingError as exc:
             raise _fail(exc) from None
     else:
-        problems = run_verify(Path(out), deep=deep)
+        problems = run_verify(Path(out), deep=deep, notes=notes)
     for line in problems:
         typer.echo(line)
+    for line in notes:
+        typer.echo(f"note: {line}", err=True)
     if problems:
         typer.echo(f"{out}: {len(problems)} problem{'s' if len(problems) != 1 else ''}", err=True)
         raise typer.Exit(1)

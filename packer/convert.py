@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,12 @@ from packer.build import BuildSummary
 from packer.errors import ConfigError, InputError, OutputExistsError, PackerError
 from packer.labels.common import nonfinite_label
 from packer.packed import PackedRecords
-from packer.problems import BAD_LABEL, UNREADABLE, Problem
+from packer.problems import BAD_LABEL, UNREADABLE, WH_MISMATCH, Note, Problem
+from packer.records import Record
 from packer.repack import Item, RepackConfig, RepackSource, repack
 from readers.errors import ReaderError
 from readers.formats import BARE_FORMATS, REGISTRY
-from readers.formats.base import StoredProblem
+from readers.formats.base import StatedSize, StoredProblem
 from readers.formats.layout import META_NAME
 
 TARGETS = ("packer", "webdataset", "folder")
@@ -144,7 +145,9 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
 
         def read(start: int, stop: int, stored: Any = stored) -> Iterator[Item]:
             names = stored.names
+            stated = stored.stated_sizes(start, stop) if stored.stated_sizes else None
             for i, item in zip(range(start, stop), stored.read(start, stop), strict=True):
+                wh = None if stated is None else next(stated)
                 if isinstance(item, str):
                     yield Problem(names[i], UNREADABLE, item)
                 elif isinstance(item, StoredProblem):
@@ -155,7 +158,8 @@ def _open_bare(root: Path, *, decode_check: bool) -> ConvertInput:
                     if bad is not None:  # as a build refuses it: no JSON holds NaN
                         yield Problem(names[i], BAD_LABEL, bad)
                         continue
-                    yield prepare_bytes(names[i], data, label, decode_check=decode_check)
+                    done = prepare_bytes(names[i], data, label, decode_check=decode_check)
+                    yield done if wh is None else _check_stated_size(done, wh)
 
         source = RepackSource(
             sizes=stored.sizes,
@@ -181,6 +185,23 @@ def _is_parquet(root: Path) -> bool:
             return False
         return bool(parquet_files_under(root))
     return is_parquet_file(root)
+
+
+def _check_stated_size(item: Record | Problem, stated: StatedSize) -> Record | Problem:
+    """`item` with a ``wh_mismatch`` note when the size the input states is not the image's.
+
+    The index takes width and height from the image itself; a tool that trusts the stated
+    size (PaddleOCR's ``RatioDataSet`` reads an LMDB's ``wh-%09d``) would have used the other.
+    """
+    if not isinstance(item, Record) or stated.size == (item.width, item.height):
+        return item
+    note = Note(
+        item.rel,
+        WH_MISMATCH,
+        f"the input's {stated.shown}, the image is {item.width}x{item.height} (width x "
+        "height); packed with its own size",
+    )
+    return replace(item, notes=(*item.notes, note))
 
 
 def open_input(

@@ -26,7 +26,7 @@ class PackFormat:
     name: str
     writer: type[ShardWriter]
     checks_module: str
-    """``packer.verify.<fmt>``: ``verify_packed(root, meta, deep=, report=)`` and
+    """``packer.verify.<fmt>``: ``verify_packed(root, meta, deep=, report=, note=)`` and
     ``verify_bare(found, deep=, report=)`` (found: what ``ShardFormat.find_bare`` returned)."""
 
     @property

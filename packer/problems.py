@@ -38,8 +38,11 @@ EXTENSION_MISMATCH = "extension_mismatch"  # content is another image format tha
 EXIF_ORIENTATION = "exif_orientation"  # an EXIF orientation other than 1 (see packer/prepare.py)
 NAME_COLLISION = "name_collision"  # same path as another one when case/Unicode form is ignored
 DECODE_WARNING = "decode_warning"  # the decoder warned, the image is whole (decode_check.py)
+WH_MISMATCH = "wh_mismatch"  # convert: a foreign LMDB's wh-%09d disagrees with the image's size
 
-NOTE_REASONS = frozenset({EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION, DECODE_WARNING})
+NOTE_REASONS = frozenset(
+    {EXTENSION_MISMATCH, EXIF_ORIENTATION, NAME_COLLISION, DECODE_WARNING, WH_MISMATCH}
+)
 
 # The file of a packed dataset that lists the notes: readers.formats.layout.WARNINGS_NAME.
 

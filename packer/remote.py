@@ -151,7 +151,7 @@ def describe_url(url: str) -> dict[str, Any]:
     return summary
 
 
-def verify_url(url: str, *, deep: bool) -> list[str]:
+def verify_url(url: str, *, deep: bool, notes: list[str] | None = None) -> list[str]:
     """`packer.verify.verify` of the dataset at `url`, staged into a temporary cache first.
 
     Staging checks each shard's size against meta.json and the index's SHA-256; verify then
@@ -172,5 +172,8 @@ def verify_url(url: str, *, deep: bool) -> list[str]:
             raise  # not a problem of the dataset: the command fails (packer: error: ...)
         except ReaderError as exc:
             return [str(exc)]
-        problems = verify(root, deep=deep)
+        found: list[str] = []
+        problems = verify(root, deep=deep, notes=found)
+        if notes is not None:
+            notes.extend(n.replace(str(root), url) for n in found)
         return [p.replace(str(root), url) for p in problems]

@@ -25,6 +25,10 @@ Against the default revision one difference is expected and is a fix: ``00b62f0`
 index's ``compression`` field when it converted compressed raw pixels (its output did not
 decode), so the ``ours-raw-lz4-to-*`` cases differ in ``index.jsonl``, ``index.parquet`` and
 ``meta.json``; every other case must print identical (``--only`` runs the others alone).
+Since revision ``99c13ba`` (``compare_builds.WH_KEYS_REV``) LMDB shards hold a ``wh-%09d`` key
+per record, so against older revisions every ``*-to-lmdb`` case differs by those keys too
+(``data.mdb``, index offsets, shard sizes); ``--rev 99c13ba`` or later compares them byte for
+byte.
 """
 
 from __future__ import annotations

@@ -26,8 +26,12 @@ from readers.not_dataset import explain_not_dataset
 __all__ = ["verify", "verify_packed"]
 
 
-def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
-    """Check a dataset written by ``packer build``; call `report` once per problem."""
+def verify_packed(root: Path, *, deep: bool, report: Report, note: Report | None = None) -> None:
+    """Check a dataset written by ``packer build``; call `report` once per problem.
+
+    `note` receives what is worth knowing but is no problem (LMDB shards built by a packer
+    older than the ``wh-`` keys).
+    """
     from packer.formats import get_pack_format
 
     try:
@@ -50,7 +54,9 @@ def verify_packed(root: Path, *, deep: bool, report: Report) -> None:
     total = meta.get("num_samples")
     with progress_bar(total if isinstance(total, int) else 0, None, desc="verifying") as bar:
         try:
-            fmt.checks().verify_packed(root, meta, _counted(rows, bar), deep=deep, report=report)
+            fmt.checks().verify_packed(
+                root, meta, _counted(rows, bar), deep=deep, report=report, note=note
+            )
         except DatasetRebuiltError as exc:  # the rest would be checked against another build
             report(str(exc))
 
@@ -93,14 +99,18 @@ def _read_ahead(root: Path, meta: dict[str, Any], reader: Any, rows: Rows) -> Ro
         yield shard, row
 
 
-def verify(path: str | Path, *, deep: bool = False) -> list[str]:
-    """All problems found in the dataset at `path` (an empty list when it is intact)."""
+def verify(path: str | Path, *, deep: bool = False, notes: list[str] | None = None) -> list[str]:
+    """All problems found in the dataset at `path` (an empty list when it is intact).
+
+    Notes (facts worth knowing that are no problem) are appended to `notes` when given.
+    """
     from packer.formats import FORMATS
 
     root = Path(path)
     found: list[str] = []
     if (root / META_NAME).exists():
-        verify_packed(root, deep=deep, report=found.append)
+        note = None if notes is None else notes.append
+        verify_packed(root, deep=deep, report=found.append, note=note)
         return found
     for fmt in FORMATS.values():
         bare = fmt.reader.find_bare(root)

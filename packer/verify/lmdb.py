@@ -2,7 +2,12 @@
 
 ``packer verify`` checks of LMDB shards: every page a lookup can touch (walked with
 bounds-checked reads before LMDB opens the shard, so damage ends as problem lines, never as a
-SIGBUS), num-samples, keys, labels as stored, and a bare LMDB in the PaddleOCR layout.
+SIGBUS), num-samples, keys, labels as stored, ``wh-%09d`` sizes against the index, and a bare
+LMDB in the PaddleOCR layout.
+
+A shard with no ``wh-`` key at all was built by a packer older than those keys: that is a note
+(``verify(..., notes=)``), not a problem; a shard with any ``wh-`` key must have one per record,
+each equal to the index's width and height.
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ from readers.formats.layout import META_NAME
 from readers.formats.lmdb import (
     DATA_FILE,
     NUM_SAMPLES_KEY,
+    WH_PREFIX,
     check_tree,
     encode_label,
+    encode_wh,
     image_key,
     label_key,
+    parse_wh,
     shared_lmdb,
+    wh_key,
 )
 from readers.io.identity import identify_dataset
 
@@ -44,6 +53,7 @@ class _Shards:
         self._txn: Any = None
         self.failed: set[int] = set()
         self.walked: set[int] = set()  # shards whose pages check_tree has walked
+        self.without_wh: set[int] = set()  # shards with no wh- key (built by an older packer)
 
     def txn(self, shard: int) -> Any:
         if shard in self.failed:
@@ -86,13 +96,22 @@ def _check_shard_counts(shards: _Shards, report: Report) -> None:
         if txn is None:
             continue
         try:
-            _check_shard_count(txn, shards.env, info, report)
+            if int(info["count"]) and not _has_wh_keys(txn):
+                shards.without_wh.add(number)
+            keys = 2 if number in shards.without_wh else 3
+            _check_shard_count(txn, shards.env, info, keys, report)
         except lmdb.Error as exc:
             report(f"{info['name']}: cannot read num-samples ({exc})")
 
 
-def _check_shard_count(txn: Any, env: Any, info: dict[str, Any], report: Report) -> None:
-    """num-samples and the number of keys of one shard."""
+def _has_wh_keys(txn: Any) -> bool:
+    """Whether the shard holds any ``wh-`` key (the last keys in LMDB's order)."""
+    with txn.cursor() as cursor:
+        return bool(cursor.set_range(WH_PREFIX)) and bytes(cursor.key()).startswith(WH_PREFIX)
+
+
+def _check_shard_count(txn: Any, env: Any, info: dict[str, Any], keys: int, report: Report) -> None:
+    """num-samples and the number of keys of one shard (`keys` per record)."""
     raw = txn.get(NUM_SAMPLES_KEY)
     if raw is None:
         report(f"{info['name']}: the num-samples key is missing")
@@ -102,17 +121,28 @@ def _check_shard_count(txn: Any, env: Any, info: dict[str, Any], report: Report)
             f"expected {info['count']} ({META_NAME})"
         )
     entries = env.stat()["entries"]
-    if entries != 2 * int(info["count"]) + 1:
+    expected = keys * int(info["count"]) + 1
+    if entries != expected:
+        what = "an image, a label and a wh- size" if keys == 3 else "an image and a label"
         report(
-            f"{info['name']}: holds {entries} keys, expected {2 * int(info['count']) + 1} "
-            "(an image and a label per sample, and num-samples)"
+            f"{info['name']}: holds {entries} keys, expected {expected} "
+            f"({what} per sample, and num-samples)"
         )
 
 
 def verify_packed(
-    root: Path, meta: dict[str, Any], rows: Rows, *, deep: bool, report: Report
+    root: Path,
+    meta: dict[str, Any],
+    rows: Rows,
+    *,
+    deep: bool,
+    report: Report,
+    note: Report | None = None,
 ) -> None:
-    """Check the LMDB shards of a packed dataset against its index rows."""
+    """Check the LMDB shards of a packed dataset against its index rows.
+
+    Shards without ``wh-`` keys (built by an older packer) are named once to `note`.
+    """
     shards = _Shards(root, meta, report)
     try:
         _check_shard_counts(shards, report)
@@ -120,6 +150,14 @@ def verify_packed(
             _check_row(shard, row, meta, shards, deep=deep, report=report)
     finally:
         shards.close()
+    if shards.without_wh and note is not None:
+        names = [meta["shards"][n]["name"] for n in sorted(shards.without_wh)]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        note(
+            f"{shown}: no wh- keys (built by an older packer); PaddleOCR's RatioDataSet "
+            "decodes every image of such a shard at start-up to learn its size (a "
+            "`packer convert` of the dataset writes them)"
+        )
 
 
 def _check_row(
@@ -143,6 +181,8 @@ def _check_row(
         return
     try:
         _check_stored_row(txn, where, local, row, deep=deep, report=report)
+        if shard not in shards.without_wh:
+            _check_wh(txn, where, local, row, report)
     except lmdb.Error as exc:
         report(f"{where}: read failed ({exc})")
 
@@ -167,6 +207,24 @@ def _check_stored_row(
         )
     if deep:
         check_decode(where, data, row, report)
+
+
+def _check_wh(txn: Any, where: str, local: int, row: dict[str, Any], report: Report) -> None:
+    """The ``wh-%09d`` key of a record says the index's width and height."""
+    raw = txn.get(wh_key(local))
+    name = wh_key(local).decode()
+    if raw is None:
+        report(f"{where}: the size key {name} is missing")
+        return
+    try:
+        expected = encode_wh(int(row["width"]), int(row["height"]))
+    except (KeyError, TypeError, ValueError):
+        return  # a row without sizes is reported by the index checks
+    if bytes(raw) != expected:
+        report(
+            f"{where}: {name} is {bytes(raw)[:40]!r}, the index says "
+            f"{expected.decode()} (width_height)"
+        )
 
 
 def verify_bare(root: Path, *, deep: bool, report: Report) -> None:
@@ -198,9 +256,15 @@ def _check_bare(env: Any, root: Path, *, deep: bool, report: Report) -> None:
         except ValueError:
             report(f"{root}: num-samples is {bytes(raw)[:40]!r}, not a number")
             return
+        sizes = 0  # wh- keys among the records
         for local in range(1, count + 1):
             data = txn.get(image_key(local))
             where = f"{root.name} sample {local - 1} ({image_key(local).decode()})"
+            raw = txn.get(wh_key(local))
+            if raw is not None:
+                sizes += 1
+                if parse_wh(bytes(raw)) is None:
+                    report(f"{where}: {wh_key(local).decode()} is {bytes(raw)[:40]!r}, not W_H")
             if data is None:
                 report(f"{where}: the image key is missing")
                 continue
@@ -209,7 +273,7 @@ def _check_bare(env: Any, root: Path, *, deep: bool, report: Report) -> None:
             problem = decode_problem(bytes(data)) if deep else None
             if problem is not None:
                 report(f"{where}: {problem}")
-        if env.stat()["entries"] > 2 * count + 1:
+        if env.stat()["entries"] > 2 * count + 1 + sizes:
             report(
                 f"{root}: holds {env.stat()['entries']} keys, more than num-samples "
                 f"{count} accounts for"

@@ -170,9 +170,16 @@ class _RecShardCheck:
 
 
 def verify_packed(
-    root: Path, meta: dict[str, Any], rows: Rows, *, deep: bool, report: Report
+    root: Path,
+    meta: dict[str, Any],
+    rows: Rows,
+    *,
+    deep: bool,
+    report: Report,
+    note: Report | None = None,
 ) -> None:
-    """Check the RecordIO shards of a packed dataset against its index rows."""
+    """Check the RecordIO shards of a packed dataset against its index rows (no notes)."""
+    del note
     current: _RecShardCheck | None = None
     number = -1
     try:

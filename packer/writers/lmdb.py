@@ -20,15 +20,18 @@ from readers.formats.lmdb import (
     LOCK_FILE,
     NUM_SAMPLES_KEY,
     encode_label,
+    encode_wh,
     image_key,
     label_key,
     value_offsets,
+    wh_key,
 )
 
 # py-lmdb 3 bundles LMDB 0.9 and 1.0, whose files are mutually unreadable; 0 pins 0.9's.
 LMDB_LIB_VERSION = 0
 _COMMIT_RECORDS = 1000
 _COMMIT_BYTES = 64 << 20
+_KEYS_PER_RECORD = 3  # image-%09d, label-%09d, wh-%09d
 
 
 def lmdb_versions() -> dict[str, str]:
@@ -56,6 +59,10 @@ def open_lmdb_for_writing(path: str, map_size: int) -> Any:
 
 class LmdbShardWriter(ShardWriter):
     """One LMDB environment ``shard-NNNNN/``.
+
+    Every record is three keys: ``image-%09d`` (the stored bytes), ``label-%09d`` and
+    ``wh-%09d`` (``"W_H"`` of the stored image, what PaddleOCR's ``RatioDataSet`` reads to
+    bucket without decoding); ``num-samples`` is written at close.
 
     The map starts at `initial_map_size` and doubles whenever a commit hits MapFullError (the
     pending records are replayed), so a shard never fails for being larger than expected; and
@@ -117,13 +124,17 @@ class LmdbShardWriter(ShardWriter):
         self._offsets: np.ndarray | None = None
 
     def write(self, local: int, sample_id: int, record: Record) -> tuple[str, int | None]:
-        """Queue the record and its label; commit when enough is pending."""
+        """Queue the record, its label and its size; commit when enough is pending."""
         key = image_key(local)
         self._pending.append((key, record.data))
         self._pending.append((label_key(local), encode_label(record.label)))
+        self._pending.append((wh_key(local), encode_wh(record.width, record.height)))
         self._pending_bytes += len(record.data)
         self.count = local
-        if len(self._pending) >= 2 * _COMMIT_RECORDS or self._pending_bytes >= _COMMIT_BYTES:
+        if (
+            len(self._pending) >= _KEYS_PER_RECORD * _COMMIT_RECORDS
+            or self._pending_bytes >= _COMMIT_BYTES
+        ):
             self._commit()
         return key.decode(), None
 
@@ -139,24 +150,27 @@ class LmdbShardWriter(ShardWriter):
             values = [b"%d" % v for v in batch.label]  # encode_label of an int
         else:
             values = list(map(encode_label, batch.label))
+        whs = list(map(wh_key, range(local, local + n)))
+        sizes = list(map(encode_wh, batch.width, batch.height))
         data = batch.data
         i = 0
         while i < n:
             # the records up to the next commit: 1000 pending records, or 64 MiB pending
-            end = min(n, i + _COMMIT_RECORDS - len(self._pending) // 2)
+            end = min(n, i + _COMMIT_RECORDS - len(self._pending) // _KEYS_PER_RECORD)
             pending = self._pending_bytes
             for j in range(i, end):
                 pending += len(data[j])
                 if pending >= _COMMIT_BYTES:
                     end = j + 1
                     break
-            items: list[tuple[bytes, bytes]] = [(b"", b"")] * (2 * (end - i))
-            items[0::2] = zip(images[i:end], data[i:end], strict=True)
-            items[1::2] = zip(labels[i:end], values[i:end], strict=True)
+            items: list[tuple[bytes, bytes]] = [(b"", b"")] * (_KEYS_PER_RECORD * (end - i))
+            items[0::3] = zip(images[i:end], data[i:end], strict=True)
+            items[1::3] = zip(labels[i:end], values[i:end], strict=True)
+            items[2::3] = zip(whs[i:end], sizes[i:end], strict=True)
             self._pending.extend(items)
             self._pending_bytes = pending
             self.count = local + end - 1
-            if len(self._pending) >= 2 * _COMMIT_RECORDS or pending >= _COMMIT_BYTES:
+            if len(self._pending) >= _KEYS_PER_RECORD * _COMMIT_RECORDS or pending >= _COMMIT_BYTES:
                 self._commit()
             i = end
         return [key.decode() for key in images], [None] * n

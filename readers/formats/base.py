@@ -39,6 +39,19 @@ StoredItem = tuple[bytes, Any] | str | StoredProblem
 record is unreadable; a `StoredProblem`: for another reason)."""
 
 
+@dataclass(frozen=True)
+class StatedSize:
+    """The width and height a bare input states for a record, beside its image bytes.
+
+    Attributes:
+        shown: how the input states it, for messages (``wh-000000002 is '30_25'``).
+        size: ``(width, height)``, or None when the stated value does not parse.
+    """
+
+    shown: str
+    size: tuple[int, int] | None
+
+
 @dataclass
 class StoredRecords:
     """The records of a bare copy of a format, read as stored (nothing is decoded).
@@ -51,6 +64,9 @@ class StoredRecords:
         label_source: how the labels were found (for meta.json).
         problems: what of the input is not among the records and is not converted (a damaged
             stretch of a file, a member beside a sample's image), found when it was opened.
+        stated_sizes: None, or ``stated_sizes(start, stop)`` yields, per record, the size
+            the input states without decoding (an LMDB's ``wh-%09d``), as a `StatedSize`, or
+            None where it states none.
     """
 
     files: list[Path]
@@ -59,6 +75,7 @@ class StoredRecords:
     read: Callable[[int, int], Iterator[StoredItem]]
     label_source: str = "none"
     problems: list[StoredProblem] = field(default_factory=list)
+    stated_sizes: Callable[[int, int], Iterator[StatedSize | None]] | None = None
 
 
 class ShardFormat:

@@ -111,7 +111,7 @@ def test_missing_key_is_reported(lmdb_out):
     assert "shard-00000 sample 2 (image-000000003, cat/img_002.png): the image key is missing" in (
         problems
     )
-    assert any("holds 22 keys, expected 23" in p for p in problems)
+    assert any("holds 33 keys, expected 34" in p for p in problems)
 
 
 def test_wrong_num_samples_is_reported(lmdb_out):

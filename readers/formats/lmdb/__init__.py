@@ -1,7 +1,7 @@
 """The LMDB shard format: key layout, how a shard is opened and a bare LMDB recognised.
 
-The key layout is PaddleOCR's (``num-samples``, ``image-%09d``, ``label-%09d`` from 1); shards
-are opened for reading.
+The key layout is PaddleOCR's (``num-samples``, ``image-%09d``, ``label-%09d``, ``wh-%09d`` from
+1); shards are opened for reading.
 
 The byte layout lives in ``keys`` (keys, file names, stored labels), ``pages`` (LMDB 0.9's page
 header, reading a value at its offset, where values lie) and ``tree`` (meta pages, and
@@ -23,9 +23,13 @@ from readers.formats.lmdb.keys import (
     DATA_FILE,
     LOCK_FILE,
     NUM_SAMPLES_KEY,
+    WH_PREFIX,
     encode_label,
+    encode_wh,
     image_key,
     label_key,
+    parse_wh,
+    wh_key,
 )
 from readers.formats.lmdb.pages import (
     P_OVERFLOW,
@@ -45,21 +49,25 @@ __all__ = [
     "NUM_SAMPLES_KEY",
     "PAGE_HEADER",
     "P_OVERFLOW",
+    "WH_PREFIX",
     "LmdbFormat",
     "LookupGuard",
     "MetaPage",
     "buffer_address",
     "check_tree",
     "encode_label",
+    "encode_wh",
     "image_key",
     "label_key",
     "leaf_value",
     "map_base",
     "open_lmdb_readonly",
     "overflow_value",
+    "parse_wh",
     "read_meta",
     "shared_lmdb",
     "value_offsets",
+    "wh_key",
 ]
 
 

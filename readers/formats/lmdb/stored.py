@@ -7,9 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from readers.errors import DatasetFormatError
-from readers.formats.base import StoredItem, StoredProblem, StoredRecords
+from readers.formats.base import StatedSize, StoredItem, StoredProblem, StoredRecords
 from readers.formats.lmdb.env import shared_lmdb
-from readers.formats.lmdb.keys import DATA_FILE, NUM_SAMPLES_KEY, image_key, label_key
+from readers.formats.lmdb.keys import (
+    DATA_FILE,
+    NUM_SAMPLES_KEY,
+    image_key,
+    label_key,
+    parse_wh,
+    wh_key,
+)
 
 
 def bare_count(root: Path, txn: Any, entries: int) -> int:
@@ -60,7 +67,8 @@ def bare_records(root: Path) -> StoredRecords:
     not UTF-8 is a ``bad_label`` problem (its bytes shown escaped, never replaced); an image
     without a label key is a ``no_label`` problem, unless no image has one (then every label
     is null and the label source ``none``). An image key past ``num-samples`` is listed as
-    not converted. The sizes come from the values' lengths, without reading the values.
+    not converted. The sizes come from the values' lengths, without reading the values; the
+    ``wh-%09d`` values, where the LMDB has them, are its `StoredRecords.stated_sizes`.
 
     Raises:
         DatasetFormatError: not an LMDB with a ``num-samples`` key, or one whose count exceeds
@@ -99,6 +107,16 @@ def bare_records(root: Path) -> StoredRecords:
                 bad = bad_label_text(label_key(local), raw)
                 yield bad if bad is not None else (bytes(value), raw.decode("utf-8"))
 
+    def stated_sizes(start: int, stop: int) -> Iterator[StatedSize | None]:
+        with env.begin() as txn:
+            for local in range(start + 1, stop + 1):
+                raw = txn.get(wh_key(local))
+                if raw is None:
+                    yield None
+                    continue
+                shown = f"{wh_key(local).decode()} is {raw[:40].decode('ascii', 'replace')!r}"
+                yield StatedSize(shown, parse_wh(raw))
+
     names = [image_key(local).decode() for local in range(1, count + 1)]
     return StoredRecords(
         [root / DATA_FILE],
@@ -107,6 +125,7 @@ def bare_records(root: Path) -> StoredRecords:
         read,
         label_source="label-%09d" if has_labels else "none",
         problems=problems,
+        stated_sizes=stated_sizes,
     )
 
 
