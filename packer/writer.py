@@ -40,7 +40,7 @@ from packer.errors import (
     SampleTypeError,
     WriterStateError,
 )
-from packer.formats import FORMATS
+from packer.formats import DEFAULT_FORMAT, FORMATS
 from packer.labels.common import nonfinite_label
 from packer.output import build_lock, check_output_apart, prepare_parent
 from packer.prepare import _with_data, prepare_bytes
@@ -202,7 +202,7 @@ class Writer:
         self,
         out: str | os.PathLike[str],
         *,
-        format: str = "lmdb",
+        format: str = DEFAULT_FORMAT,
         shard_size: str | int = "1GiB",
         encode: str = "keep",
         quality: int = 95,

@@ -109,14 +109,30 @@ def _validity(array: Any) -> np.ndarray | None:
     return np.unpackbits(bits, bitorder="little")[start : start + len(array)].astype(np.bool_)
 
 
+# Arrow's names of the fixed-width number types whose numpy names differ
+_NUMPY_NAMES = {"halffloat": "float16", "float": "float32", "double": "float64"}
+
+
+def _values(array: Any) -> np.ndarray:
+    """The values of a fixed-width number array, straight from its data buffer.
+
+    Not ``to_numpy``: pyarrow imports pandas for it when pandas is installed (and pandas
+    imports pyarrow.compute), which costs more than reading the whole index.
+    """
+    name = str(array.type)
+    if not (name.startswith(("int", "uint")) or name in _NUMPY_NAMES):
+        return np.asarray(array.to_numpy(zero_copy_only=False))
+    values = np.frombuffer(array.buffers()[1], np.dtype(_NUMPY_NAMES.get(name, name)))
+    return values[array.offset : array.offset + len(array)]
+
+
 def _ints(column: Any, dtype: Any, fill: int) -> np.ndarray:
     """An integer column as a numpy array, `fill` where it is null."""
     array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    values = _values(array)
     valid = _validity(array)
     if valid is None:
-        return np.ascontiguousarray(array.to_numpy(), dtype=dtype)
-    values = np.frombuffer(array.buffers()[1], array.type.to_pandas_dtype())
-    values = values[array.offset : array.offset + len(array)]
+        return np.ascontiguousarray(values, dtype=dtype)
     return np.where(valid, values, fill).astype(dtype or values.dtype)
 
 
@@ -150,7 +166,10 @@ def _column(table: Any, name: str, dtype: Any, *, fill: int | None = None) -> np
     column = table.column(name)
     if fill is not None:
         return _ints(column, dtype, fill)
-    return np.ascontiguousarray(column.to_numpy(), dtype=dtype)
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if array.null_count:
+        return np.ascontiguousarray(array.to_numpy(zero_copy_only=False), dtype=dtype)
+    return np.ascontiguousarray(_values(array), dtype=dtype)
 
 
 def load_parquet(

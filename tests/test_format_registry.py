@@ -13,8 +13,14 @@ from readers.formats import REGISTRY
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = tuple(REGISTRY)
 
-# the registries, and the public import table that maps LmdbDataset & co. to their modules
-REGISTRIES = {"readers/formats/__init__.py", "packer/formats.py", "readers/__init__.py"}
+# the registries, and the public import tables that map LmdbDataset & co. (readers) and every
+# PackerError (packer.errors, RecordTooLargeForShardError among them) to their modules
+REGISTRIES = {
+    "readers/formats/__init__.py",
+    "packer/formats.py",
+    "readers/__init__.py",
+    "packer/errors.py",
+}
 
 
 def _own_folder(fmt: str) -> str:
