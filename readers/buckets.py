@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from readers.augment_rng import tagged_batches
 from readers.bucket_keys import (
     KEYS,
     KeyCodes,
@@ -245,7 +246,8 @@ class BucketBatchSampler(RankedEpochs):
         return self._share_of(np.arange(self._batches_in(epoch), dtype=np.int64), epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        return self._batches(self._epoch, self._offset)
+        batches = self._batches(self._epoch, self._offset)
+        return tagged_batches(batches, self._dataset, self._seed, self._epoch)
 
     def _batches(self, epoch: int, offset: int) -> Iterator[list[int]]:
         flat, bounds, _ = self.epoch_batches(epoch)

@@ -437,7 +437,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             skip,
             buffer=self._buffer,
             chunk_lo=lo,
-            finish=self._input.finish,
+            finish=self._input.finisher(self._seed, epoch),
         )
 
     # ------------------------------------------------------------------ resume
