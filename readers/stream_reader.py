@@ -118,7 +118,7 @@ def finish_item(
         decode_stored = getattr(dataset, "decode_stored", None)
         try:
             if callable(decode_stored) and is_planner(transform):
-                kw = {} if rng is None else {"rng": rng}
+                kw: dict[str, Any] = {} if rng is None else {"rng": rng}
                 image = decode_stored(image, int(i), decode, planner=transform, **kw)
             elif callable(decode_stored):
                 image = decode_stored(image, i, decode)
