@@ -337,7 +337,7 @@ class RandomResizedCropDraft:
         From `rng` when given, else from the global generators (see the class docstring).
         """
         plan = self.plan(int(image.shape[0]), int(image.shape[1]), rng=rng)
-        return self.apply(image, plan, rng=rng)
+        return self.apply(image, plan, **rng_kwargs(self.apply, rng))  # a subclass's may not
 
 
 class ResizeTo:
