@@ -11,6 +11,8 @@ size, height and width swapped for EXIF orientations 5-8), decodes a JPEG at
 without an index, are decoded at full size and the transform is called as any other,
 ``transform(image)``, which plans from the image itself: the result is then exactly what the
 usual transform gives.
+A planner whose ``plan`` takes a keyword ``rng`` is given the sample's generator
+(`readers.augment_rng`) in ``plan`` and in ``apply`` and ``__call__`` where they take it.
 
 `RandomResizedCropDraft` is paddle.vision's ``RandomResizedCrop`` planned this way: the same
 boxes from the same random state, drawn from the index's size instead of the decoded image.
