@@ -122,7 +122,10 @@ def _signature_target(fn: Any) -> Any:
     """
     if inspect.ismethod(fn):
         return fn.__func__
-    call = type(fn).__dict__.get("__call__") if not inspect.isroutine(fn) else None
+    if inspect.isroutine(fn):
+        return fn
+    owner = next((k for k in type(fn).__mro__ if "__call__" in k.__dict__), None)
+    call = None if owner is None else owner.__dict__["__call__"]
     return call if inspect.isfunction(call) else fn
 
 

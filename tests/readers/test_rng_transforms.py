@@ -329,8 +329,13 @@ def test_which_transforms_take_rng() -> None:
     assert rng_use(functools.partial(jitter, rng=None)) == OPTIONAL
     from readers import augment_rng
 
+    class Derived(Callable_):
+        pass
+
+    assert rng_use(Derived()) == OPTIONAL
     before = len(augment_rng._USE)
     for _ in range(100):  # a bound method or an object: one entry per function or class
         rng_use(Callable_().method)
         rng_use(Callable_())
+        rng_use(Derived())
     assert len(augment_rng._USE) == before
