@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from readers.augment_rng import tagged_batches
 from readers.bucket_keys import (
     KEYS,
     KeyCodes,
@@ -246,8 +245,7 @@ class BucketBatchSampler(RankedEpochs):
         return self._share_of(np.arange(self._batches_in(epoch), dtype=np.int64), epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self._batches(self._epoch, self._offset)
-        return tagged_batches(batches, self._dataset, self._seed, self._epoch)
+        return self._tag_batches(self._batches(self._epoch, self._offset))  # augment_rng
 
     def _batches(self, epoch: int, offset: int) -> Iterator[list[int]]:
         flat, bounds, _ = self.epoch_batches(epoch)

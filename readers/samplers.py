@@ -8,7 +8,9 @@ never change the order inside ``__iter__``: ``set_epoch`` chooses the epoch, and
 (:mod:`readers.resume`; see :class:`ChunkShuffleSampler`). Each
 chunk is hinted to ``dataset.prefetch`` a bounded distance ahead of its first read
 (:mod:`readers.hints`). Over a ``readers.ConcatDataset``, ``weights=``/``epoch_samples=``/``mix=``
-draw exact per-source counts each epoch instead (:mod:`readers.mixing`).
+draw exact per-source counts each epoch instead (:mod:`readers.mixing`). When the dataset's
+transform takes a keyword ``rng``, the ids are `readers.augment_rng.SampleRef` ints that carry
+the sampler's seed and epoch to whichever worker reads them (reproducible augmentation).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any
 
 import numpy.typing as npt
 
-from readers.augment_rng import tagged_batches, tagged_samples
 from readers.epochs import DEFAULT_WINDOW, RankedEpochs
 from readers.io.hints import (
     CHUNK_BYTES,
@@ -88,10 +89,6 @@ class ChunkShuffleSampler(RankedEpochs):
     k)``), the rest is the mixed batches no rank had consumed, and every batch after the
     resume still holds the per-source counts. Positions then count from the resume point:
     `start_position` is 0, ``len()`` is this rank's share of the rest.
-
-    Augmentation: when the dataset's transform takes a keyword ``rng``, the ids are
-    `readers.augment_rng.SampleRef` ints carrying this sampler's seed and epoch, from which the
-    dataset seeds the transform's generator, in whichever worker reads them.
 
     Args:
         dataset: Sized; optional ``shard_bounds``, ``labels`` and ``prefetch(start, stop)``.
@@ -249,8 +246,7 @@ class ChunkShuffleSampler(RankedEpochs):
             self._offset = 0  # the resume offset is used once
 
     def __iter__(self) -> Iterator[int]:
-        ids = self._samples(self._start_pass())
-        return tagged_samples(ids, self._dataset, self._seed, self._epoch)
+        return self._tag_samples(self._samples(self._start_pass()))
 
     def _samples(self, p: _Pass) -> Iterator[int]:
         piece = 4096  # tolist() in pieces: python ints without one huge list
@@ -272,8 +268,7 @@ class ChunkShuffleSampler(RankedEpochs):
         self._finish_pass(p)
 
     def _batches(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
-        batches = self._iter_batches(self._start_pass(), batch_size, drop_last)
-        return tagged_batches(batches, self._dataset, self._seed, self._epoch)
+        return self._tag_batches(self._iter_batches(self._start_pass(), batch_size, drop_last))
 
     def _iter_batches(self, p: _Pass, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
         n = p.ids.size
