@@ -225,7 +225,7 @@ class BucketBatchSampler(RankedEpochs):
         return self._share_of(np.arange(self._batches_in(epoch), dtype=np.int64), epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        return self._batches(self._epoch, self._offset)
+        return self._tag_batches(self._batches(self._epoch, self._offset))  # augment_rng
 
     def _batches(self, epoch: int, offset: int) -> Iterator[list[int]]:
         flat, bounds, _ = self.epoch_batches(epoch)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from readers.augment_rng import RngEpoch, SampleRef, relocated, rng_use
 from readers.order import IntArray
 from readers.selection import dataset_bounds
 from readers.stream_reader import finish_item, open_source
@@ -62,7 +63,7 @@ def _shared_classes(datasets: Sequence[Any]) -> list[str] | None:
     return list(first)
 
 
-class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
+class ConcatDataset(RngEpoch, paddle.io.Dataset[tuple[Any, Any]]):
     """Several datasets (any mix of formats) as one: ``ds[offsets[s] + j]`` is ``datasets[s][j]``.
 
     Labels are each source's own by default (``classes="keep"``): class id 3 of one dataset
@@ -74,6 +75,10 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
     None; ``.num_classes`` is its length (or None).
 
     Pickles and forks like its sources (each drops its handles; nothing else is held).
+
+    A source's transform that takes ``rng`` gets the generator of the id in the concatenation
+    (`readers.augment_rng`): the seed and epoch of the sampler's `SampleRef` ids, or of this
+    dataset's ``set_epoch`` for plain ids.
 
     Args:
         datasets: The sources, in order: open datasets, or paths opened with
@@ -195,7 +200,9 @@ class ConcatDataset(paddle.io.Dataset[tuple[Any, Any]]):
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         s, j = self.locate(i)
-        image, label = self.datasets[s][j]
+        if not isinstance(i, SampleRef) and self.rng_epoch is not None:
+            i = SampleRef(int(self.offsets[s]) + j, *self.rng_epoch)
+        image, label = self.datasets[s][relocated(i, j)]
         return image, self._label(s, label)
 
     def read_bytes(self, i: int) -> bytes:
@@ -253,9 +260,15 @@ class StreamSources:
                 self.dataset, i, item, decode=self.decodes[0], transform=self.transforms[0]
             )
         s, j = self.dataset.locate(i)
-        return finish_item(
-            self.dataset.datasets[s], j, item, decode=self.decodes[s], transform=self.transforms[s]
-        )
+        source = self.dataset.datasets[s]
+        j = relocated(i, j)  # a transform's rng is keyed by the id in the concatenation
+        return finish_item(source, j, item, decode=self.decodes[s], transform=self.transforms[s])
+
+    def finisher(self, seed: int, epoch: int) -> Callable[[int, Any], Any]:
+        """`finish`, with ids that carry `seed` and `epoch` when a transform takes ``rng``."""
+        if not any(rng_use(t) for t in self.transforms):
+            return self.finish
+        return lambda i, item: self.finish(SampleRef(i, seed, epoch), item)
 
 
 def open_stream_sources(

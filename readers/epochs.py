@@ -7,10 +7,12 @@ world size (no paddle import unless the rank is left to ``paddle.distributed``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from readers.augment_rng import tagged_batches, tagged_samples
 from readers.order import IntArray, check_nonneg, chunk_order, rank_share, rank_span
 from readers.resume import Segment, fingerprint, resume_share
 from readers.selection import dataset_records_crc32
@@ -145,6 +147,17 @@ class RankedEpochs:
             self._epoch = int(epoch)
             self._history, self._rest = (), None
             self._start_epoch()
+
+    def _tag_samples(self, ids: Iterator[int]) -> Iterator[int]:
+        """`ids` as `readers.augment_rng.SampleRef` when ``_dataset``'s transform takes rng.
+
+        They carry this seed and epoch (the epoch when the pass starts).
+        """
+        return tagged_samples(ids, getattr(self, "_dataset", None), self._seed, self._epoch)
+
+    def _tag_batches(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:
+        """`batches`, tagged as `_tag_samples` tags ids."""
+        return tagged_batches(batches, getattr(self, "_dataset", None), self._seed, self._epoch)
 
     def _set_history(self, epoch: int, history: tuple[Segment, ...], rest: IntArray | None) -> None:
         """Make `epoch` current, as the rest of the saved epoch after `history`."""

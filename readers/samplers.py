@@ -8,7 +8,9 @@ never change the order inside ``__iter__``: ``set_epoch`` chooses the epoch, and
 (:mod:`readers.resume`; see :class:`ChunkShuffleSampler`). Each
 chunk is hinted to ``dataset.prefetch`` a bounded distance ahead of its first read
 (:mod:`readers.hints`). Over a ``readers.ConcatDataset``, ``weights=``/``epoch_samples=``/``mix=``
-draw exact per-source counts each epoch instead (:mod:`readers.mixing`).
+draw exact per-source counts each epoch instead (:mod:`readers.mixing`). When the dataset's
+transform takes a keyword ``rng``, the ids are `readers.augment_rng.SampleRef` ints that carry
+the sampler's seed and epoch to whichever worker reads them (reproducible augmentation).
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ class ChunkShuffleSampler(RankedEpochs):
             self._offset = 0  # the resume offset is used once
 
     def __iter__(self) -> Iterator[int]:
-        return self._samples(self._start_pass())
+        return self._tag_samples(self._samples(self._start_pass()))
 
     def _samples(self, p: _Pass) -> Iterator[int]:
         piece = 4096  # tolist() in pieces: python ints without one huge list
@@ -265,7 +267,7 @@ class ChunkShuffleSampler(RankedEpochs):
         self._finish_pass(p)
 
     def _batches(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
-        return self._iter_batches(self._start_pass(), batch_size, drop_last)
+        return self._tag_batches(self._iter_batches(self._start_pass(), batch_size, drop_last))
 
     def _iter_batches(self, p: _Pass, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
         n = p.ids.size

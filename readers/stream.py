@@ -66,6 +66,10 @@ reads their concatenation (ids offset per source, each source decoded with its o
 transform). With ``weights=``/``epoch_samples=`` step 1 is the weighted mixture of
 :mod:`readers.mixing` (mix="epoch", window off: exact per-source counts, passes that continue
 across epochs, segments of one source's chunk each); steps 2-4 are unchanged.
+
+**Augmentation.** A transform that takes a keyword ``rng`` gets the generator of
+``(seed, epoch, id)`` (`readers.augment_rng`: the id in the concatenation of several sources),
+so its draws do not depend on the worker, the number of ranks or the resume point.
 """
 
 from __future__ import annotations
@@ -438,7 +442,7 @@ class ShardStream(RankedEpochs, paddle.io.IterableDataset[Any]):
             skip,
             buffer=self._buffer,
             chunk_lo=lo,
-            finish=self._input.finish,
+            finish=self._input.finisher(self._seed, epoch),
         )
 
     # ------------------------------------------------------------------ resume

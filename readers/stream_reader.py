@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from readers.augment_rng import transform_rng
 from readers.decode import check_mode, decode_sample
 from readers.draft import Draft, check_draft
 from readers.errors import RecordError
@@ -106,15 +107,19 @@ def finish_item(
     its ``decode_stored`` decodes (at the dataset's ``draft``, and planned by `transform` when
     that is a `readers.transforms.DecodePlanner`); a packed dataset without one stores
     encoded images. ``decode`` None (a dataset that is not packed) returns ``item`` as it is.
+    A transform that takes ``rng`` gets the generator of ``i`` when it is a
+    `readers.augment_rng.SampleRef` (``ShardStream`` passes its seed and epoch so).
     """
     if decode is None:
         return item
     image, label = item
+    rng = transform_rng(transform, i, int(i))
     if decode != "bytes":
         decode_stored = getattr(dataset, "decode_stored", None)
         try:
             if callable(decode_stored) and is_planner(transform):
-                image = decode_stored(image, i, decode, planner=transform)
+                kw: dict[str, Any] = {} if rng is None else {"rng": rng}
+                image = decode_stored(image, int(i), decode, planner=transform, **kw)
             elif callable(decode_stored):
                 image = decode_stored(image, i, decode)
             else:
@@ -125,7 +130,7 @@ def finish_item(
                 f"cannot decode ({exc})"
             ) from exc
     if transform is not None:
-        image = run_transform(transform, image)
+        image = run_transform(transform, image, rng)
     return image, label
 
 

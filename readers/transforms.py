@@ -11,6 +11,8 @@ size, height and width swapped for EXIF orientations 5-8), decodes a JPEG at
 without an index, are decoded at full size and the transform is called as any other,
 ``transform(image)``, which plans from the image itself: the result is then exactly what the
 usual transform gives.
+A planner whose ``plan`` takes a keyword ``rng`` is given the sample's generator
+(`readers.augment_rng`) in ``plan`` and in ``apply`` and ``__call__`` where they take it.
 
 `RandomResizedCropDraft` is paddle.vision's ``RandomResizedCrop`` planned this way: the same
 boxes from the same random state, drawn from the index's size instead of the decoded image.
@@ -31,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import cv2
 import numpy as np
 
+from readers.augment_rng import REQUIRED, rng_kwargs, rng_use
 from readers.draft import crop_scale, scaled_size
 
 __all__ = [
@@ -122,11 +125,17 @@ def is_planner(transform: Any) -> bool:
     )
 
 
-def run_transform(transform: Callable[[Any], Any], image: Any) -> Any:
-    """``transform.apply(image, plan)`` for a `PlannedImage`, else ``transform(image)``."""
+def run_transform(
+    transform: Callable[..., Any], image: Any, rng: np.random.Generator | None = None
+) -> Any:
+    """``transform.apply(image, plan)`` for a `PlannedImage`, else ``transform(image)``.
+
+    With `rng`, passed as ``rng=rng`` to whichever of them takes it (`readers.augment_rng`).
+    """
     if isinstance(image, PlannedImage):
-        return transform.apply(image.image, image.plan)  # type: ignore[attr-defined]
-    return transform(image)
+        apply = transform.apply  # type: ignore[attr-defined]
+        return apply(image.image, image.plan, **rng_kwargs(apply, rng))
+    return transform(image, **rng_kwargs(transform, rng))
 
 
 def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -167,6 +176,12 @@ class RandomResizedCropDraft:
     (crop, then ``cv2.resize``); with one it differs by the DCT scaling (the reduced image is
     an average of each ``s x s`` block; tested to stay above 30 dB PSNR on smooth images).
 
+    Given ``rng=`` (a ``numpy.random.Generator``: datasets and ``ShardStream`` pass one per
+    sample when they know the sampler's seed and epoch, see `readers.augment_rng`), it draws
+    the box from that generator instead, and passes it on to `then` when `then` takes
+    ``rng``: the crop then depends on the seed, the epoch and the sample only, not on the
+    worker, the number of ranks or where a run resumed.
+
     When it helps: photos several times larger than `size` (a 1900 x 1200 photo decodes in
     about a third of the time at 1/4), where most boxes are at least twice `size`. When it
     cannot: images under twice `size` on a side (the box never affords a reduction, so the
@@ -182,8 +197,9 @@ class RandomResizedCropDraft:
         interpolation: ``nearest``, ``bilinear`` (default), ``area``, ``bicubic`` or
             ``lanczos``, as paddle's cv2 backend names them.
         then: applied to the cropped image (for example a paddle ``Compose`` of flips and
-            normalisation); a planner must be the dataset's transform itself, so compose
-            the rest here rather than wrapping this transform in a ``Compose``.
+            normalisation, or a function taking ``rng`` as a keyword); a planner must be the
+            dataset's transform itself, so compose the rest here rather than wrapping this
+            transform in a ``Compose``.
 
     Example::
 
@@ -224,24 +240,29 @@ class RandomResizedCropDraft:
             f"interpolation={self.interpolation!r})"
         )
 
-    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+    def box(
+        self, height: int, width: int, *, rng: np.random.Generator | None = None
+    ) -> tuple[int, int, int, int]:
         """Draw ``(top, left, box_height, box_width)`` as ``RandomResizedCrop`` does.
 
         ``(top, left, box_height, box_width)`` drawn as paddle's ``RandomResizedCrop``
-        draws it for an image of `height` x `width`.
+        draws it for an image of `height` x `width`; from `rng` when given, else from the
+        global generators paddle draws from.
         """
         area = height * width
-        # numpy's global generator, not a Generator: it is what paddle draws from and what
-        # its DataLoader seeds in each worker
+        # without rng, numpy's global generator, not a Generator: it is what paddle draws
+        # from and what its DataLoader seeds in each worker
+        uniform = np.random.uniform if rng is None else rng.uniform
         for _ in range(self.attempts):
-            target_area = np.random.uniform(*self.scale) * area  # noqa: NPY002
+            target_area = uniform(*self.scale) * area
             log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-            aspect_ratio = math.exp(np.random.uniform(*log_ratio))  # noqa: NPY002
+            aspect_ratio = math.exp(uniform(*log_ratio))
             w = round(math.sqrt(target_area * aspect_ratio))
             h = round(math.sqrt(target_area / aspect_ratio))
             if 0 < w <= width and 0 < h <= height:
-                top = random.randint(0, height - h)
-                left = random.randint(0, width - w)
+                if rng is None:
+                    return random.randint(0, height - h), random.randint(0, width - w), h, w
+                top, left = (int(v) for v in rng.integers(0, (height - h + 1, width - w + 1)))
                 return top, left, h, w
         # fallback: the central crop, its aspect ratio clamped to the range
         in_ratio = float(width) / float(height)
@@ -255,17 +276,24 @@ class RandomResizedCropDraft:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def plan(self, height: int, width: int) -> DecodePlan:
-        """Draw the box for an image of `height` x `width` and the reduction it affords."""
-        top, left, h, w = self.box(height, width)
+    def plan(
+        self, height: int, width: int, *, rng: np.random.Generator | None = None
+    ) -> DecodePlan:
+        """Draw the box for an image of `height` x `width` and the reduction it affords.
+
+        From `rng` when given, else from the global generators (see the class docstring).
+        """
+        top, left, h, w = self.box(height, width, rng=rng)
         scale = crop_scale(h, w, *self.size)
         return DecodePlan(height=height, width=width, scale=scale, box=(top, left, h, w))
 
-    def apply(self, image: np.ndarray, plan: DecodePlan) -> Any:
+    def apply(
+        self, image: np.ndarray, plan: DecodePlan, *, rng: np.random.Generator | None = None
+    ) -> Any:
         """Cut ``plan.box`` out of `image`, resize it to `size`, then apply `then`.
 
         Cut ``plan.box`` out of `image` (decoded at full size or at ``plan.scale``) and
-        resize it to `size`, then `then`.
+        resize it to `size`, then `then` (given `rng` when it takes ``rng``).
 
         Raises:
             ValueError: `image` is not of the size planned for.
@@ -299,11 +327,19 @@ class RandomResizedCropDraft:
             )
         if image.ndim == 3 and out.ndim == 2:
             out = out[:, :, np.newaxis]
-        return self.then(out) if self.then is not None else out
+        if self.then is None:
+            return out
+        if rng is None and rng_use(self.then) == REQUIRED:  # drawn, as the box, from np.random
+            rng = np.random.default_rng(np.random.randint(2**62))  # noqa: NPY002
+        return self.then(out, **rng_kwargs(self.then, rng))
 
-    def __call__(self, image: np.ndarray) -> Any:
-        """Crop and resize an image decoded at full size: paddle's ``RandomResizedCrop``."""
-        return self.apply(image, self.plan(int(image.shape[0]), int(image.shape[1])))
+    def __call__(self, image: np.ndarray, *, rng: np.random.Generator | None = None) -> Any:
+        """Crop and resize an image decoded at full size: paddle's ``RandomResizedCrop``.
+
+        From `rng` when given, else from the global generators (see the class docstring).
+        """
+        plan = self.plan(int(image.shape[0]), int(image.shape[1]), rng=rng)
+        return self.apply(image, plan, **rng_kwargs(self.apply, rng))  # a subclass's may not
 
 
 class ResizeTo:

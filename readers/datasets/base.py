@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 import paddle
 
+from readers.augment_rng import LendRng, RngEpoch, lent_rng, transform_rng
 from readers.decode import check_mode, decode_sample, decompress
 from readers.draft import Draft, DraftSizes, check_draft, returned_size
 from readers.errors import DatasetFormatError, DatasetRebuiltError, RecordError
@@ -147,6 +148,37 @@ def load_draft_sizes(root: Path, index: DatasetIndex) -> DraftSizes:
     return take_sizes(sized)
 
 
+def decode_encoded(
+    ds: ShardedDataset,
+    data: Any,
+    i: int,
+    mode: str,
+    *,
+    planner: Any,
+    rng: np.random.Generator | None,
+) -> Any:
+    """`ShardedDataset.decode_stored` of an encoded image (not raw pixels).
+
+    At ``ds.draft``, or planned by `planner` (with `rng` when given) from the index's size.
+    """
+    if mode == "bytes" or ds.index is None:
+        return decode_sample(data, mode)
+    planned = is_planner(planner)
+    if not planned and ds.draft is None:
+        return decode_sample(data, mode)
+    sizes = ds.draft_sizes()
+    stored = sizes.of(i) if sizes is not None else None
+    if stored is None:
+        return decode_sample(data, mode)
+    if not planned:
+        h, w = stored
+        return decode_sample(data, mode, stored="jpeg", height=h, width=w, draft=ds.draft)
+    size = returned_size(data, *stored, mode)
+    plan = planner.plan(*size) if rng is None else planner.plan(*size, rng=rng)
+    image = decode_sample(data, mode, stored="jpeg", scale=plan.scale)
+    return PlannedImage(image, plan)
+
+
 class ClassNames:
     """``classes`` and ``num_classes`` of a dataset with an ``index`` (from its ``meta.json``)."""
 
@@ -172,7 +204,7 @@ class ClassNames:
         return None if classes is None else len(classes)
 
 
-class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
+class ShardedDataset(ClassNames, RngEpoch, paddle.io.Dataset[tuple[Any, Any]]):
     """A map-style Dataset over the shards of one format: ``ds[i] -> (image, label)``.
 
     The constructor checks the options, then opens a packed dataset (``meta.json``) through
@@ -184,7 +216,8 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
         path: the dataset directory written by ``packer build``, or a bare copy of the format,
             or the URL of a dataset published in object storage (``s3://bucket/out.lmdb``).
         transform: applied to the decoded image; a `readers.transforms.DecodePlanner` plans
-            each JPEG's decode from the index first.
+            each JPEG's decode from the index first. One that takes a keyword ``rng`` gets a
+            generator of the sample, the sampler's seed and epoch (`readers.augment_rng`).
         decode: ``rgb`` (default), ``bgr``, ``gray``, ``unchanged`` or ``bytes`` (the stored
             bytes untouched).
         draft: ``S`` (shorter side) or ``(H, W)``: JPEGs decode at the largest DCT reduction
@@ -303,7 +336,13 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
         return self._sizes
 
     def decode_stored(
-        self, data: Any, i: int, mode: str | None = None, *, planner: Any = OWN_TRANSFORM
+        self,
+        data: Any,
+        i: int,
+        mode: str | None = None,
+        *,
+        planner: Any = OWN_TRANSFORM,
+        rng: np.random.Generator | None = None,
     ) -> Any:
         """Decode the stored bytes `data` of sample `i` as `mode` (default: ``self.decode``).
 
@@ -313,6 +352,8 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
         With a `planner` (default: ``self.transform`` when it is one, see
         `readers.transforms`), a JPEG of known size is planned for first and comes back as
         a `readers.transforms.PlannedImage` for ``planner.apply`` (`run_transform` does it).
+        A planner that takes ``rng`` plans with `rng` (default: the generator ``__getitem__``
+        lent to this read, `readers.augment_rng.LendRng`).
 
         Raises:
             ValueError: the bytes do not decode.
@@ -320,26 +361,10 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
         mode = self.decode if mode is None else mode
         index = self.index
         if planner is OWN_TRANSFORM:
-            planner = self.transform
+            planner, rng = self.transform, lent_rng(self) if rng is None else rng
         try:
             if self._raw_dims is None or index is None or index.raw is None or not index.raw[i]:
-                if mode == "bytes" or index is None:
-                    return decode_sample(data, mode)
-                planned = is_planner(planner)
-                if not planned and self.draft is None:
-                    return decode_sample(data, mode)
-                sizes = self.draft_sizes()
-                stored = sizes.of(i) if sizes is not None else None
-                if stored is None:
-                    return decode_sample(data, mode)
-                if not planned:
-                    h, w = stored
-                    return decode_sample(
-                        data, mode, stored="jpeg", height=h, width=w, draft=self.draft
-                    )
-                plan = planner.plan(*returned_size(data, *stored, mode))
-                image = decode_sample(data, mode, stored="jpeg", scale=plan.scale)
-                return PlannedImage(image, plan)
+                return decode_encoded(self, data, i, mode, planner=planner, rng=rng)
             h, w, c = (int(column[i]) for column in self._raw_dims)
             if mode != "bytes" and index.compression is not None and index.compression[i]:
                 data = decompress(data, COMPRESSIONS[index.compression[i]], h * w * c)
@@ -463,14 +488,16 @@ class ShardedDataset(ClassNames, paddle.io.Dataset[tuple[Any, Any]]):
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         n, shard = self._locate(int(i))
         self._ahead.note(n, self)
-        try:
-            image, label = self._read_sample(n, shard, as_bytes=False)
-        except RecordError as exc:
-            if self.on_error != "skip":
-                raise
-            image, label = substitute_sample(self, n, exc)
+        rng = transform_rng(self.transform, i, n, self.rng_epoch)  # None: no rng asked for
+        with LendRng(self, rng):  # a planner draws its plan inside the read
+            try:
+                image, label = self._read_sample(n, shard, as_bytes=False)
+            except RecordError as exc:
+                if self.on_error != "skip":
+                    raise
+                image, label = substitute_sample(self, n, exc)
         if self.transform is not None:
-            image = run_transform(self.transform, image)
+            image = run_transform(self.transform, image, rng)
         return image, label
 
 
