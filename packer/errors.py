@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from packer.engines import EngineError
     from packer.labels.classmap import ClassGrowthError
     from packer.mirror import RemoteSourceError
+    from packer.parquet_source import ParquetInputError
     from packer.plan import OutputDiffersError
     from packer.publish import StoreUnreachableError, UploadError
     from packer.report_html import HtmlTargetError
