@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.s3.fault_proxy import FaultProxy
+
 pytest.importorskip("moto.server", reason="moto[server] is a test dependency (dev extra)")
 pytest.importorskip("s3fs", reason="s3fs is in the s3 extra")
 
@@ -87,3 +89,17 @@ def bucket(s3fs_client: object, monkeypatch: pytest.MonkeyPatch, tmp_path: objec
     s3fs_client.mkdir(name)  # type: ignore[attr-defined]
     monkeypatch.setenv("PACKER_WORK_DIR", str(tmp_path / "packer-work"))  # type: ignore[operator]
     return f"s3://{name}"
+
+
+@pytest.fixture(scope="module")
+def endpoint(s3_endpoint: str) -> str:
+    """The server a module's tests talk to; modules that need a bucket of their own override it."""
+    return s3_endpoint
+
+
+@pytest.fixture
+def proxy(endpoint: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the module's `endpoint` (tests/s3/fault_proxy.py)."""
+    p = FaultProxy(endpoint)
+    yield p
+    p.close()

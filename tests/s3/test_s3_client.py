@@ -14,7 +14,6 @@ import os
 import random
 import time
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +45,6 @@ def uploaded(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tupl
     url = f"s3://{BUCKET}/ds"
     publish(tmp / "src", url, "--shard-size", size)
     return out, url
-
-
-@pytest.fixture
-def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
-    p = FaultProxy(s3_endpoint)
-    yield p
-    p.close()
 
 
 def read_all(ds: Any) -> list[Any]:

@@ -8,7 +8,6 @@ changes between the listing and the downloads are made at the seam between the t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,6 @@ from packer import mirror
 from packer.mirror import RemoteSourceError, mirror_source
 from tests.conftest import write_tree
 from tests.s3.fault_proxy import FaultProxy, s3_options
-
-
-@pytest.fixture
-def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
-    """A fault-injecting proxy in front of the server."""
-    p = FaultProxy(s3_endpoint)
-    yield p
-    p.close()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +37,6 @@ def endpoint(s3_endpoint: str) -> str:
 
     s3fs.S3FileSystem(**s3_options(s3_endpoint)).mkdir(BUCKET)
     return s3_endpoint
-
-
-@pytest.fixture
-def proxy(endpoint: str) -> Iterator[FaultProxy]:
-    """A fault-injecting proxy in front of the server."""
-    p = FaultProxy(endpoint)
-    yield p
-    p.close()
 
 
 @pytest.fixture(scope="module")

@@ -43,14 +43,6 @@ def endpoint(s3_endpoint: str) -> str:
     return s3_endpoint
 
 
-@pytest.fixture
-def proxy(endpoint: str) -> Iterator[FaultProxy]:
-    """A fault-injecting proxy in front of the server."""
-    p = FaultProxy(endpoint)
-    yield p
-    p.close()
-
-
 def cli(*args: str) -> Any:
     return CliRunner().invoke(app, list(args))
 
